@@ -1,0 +1,223 @@
+//! Audit throughput per core: ~1M synthetic events across 10k leases, pushed
+//! in stream order with mild disorder and 1 % retried duplicates, then the
+//! timeline and the violations computed.
+
+use std::borrow::Cow;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use leaseline_audit::Auditor;
+use leaseline_schema::{Kind, LeaseEvent, Source};
+
+const LEASES: usize = 10_000;
+const GRANTS_PER_LEASE: usize = 10;
+const HOLDERS: usize = 500;
+const T0: i64 = 1_789_380_000_000_000;
+
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn event(
+    ts: i64,
+    kind: Kind,
+    source: Source,
+    lease: &str,
+    holder: &str,
+    token: u64,
+) -> LeaseEvent<'static> {
+    LeaseEvent {
+        ts_us: ts,
+        kind,
+        source,
+        lease_id: Cow::Owned(lease.to_string()),
+        holder_id: Some(Cow::Owned(holder.to_string())),
+        fencing_token: Some(token),
+        ttl_ms: None,
+        event_id: None,
+        backend: None,
+        latency_ms: None,
+        reason: None,
+        max_token: None,
+        mono_ms: None,
+        keepalive_sent_mono_ms: None,
+        deadline_mono_ms: None,
+        trace_id: None,
+        span_id: None,
+        attrs: Vec::new(),
+    }
+}
+
+/// Per grant: coordinator and holder `acquired`, three holder keepalives
+/// (one in six preceded by a `renew_failed`), two accepted writes, holder
+/// and coordinator `released`: about 10 events, 100 per lease.
+fn synthetic() -> Vec<LeaseEvent<'static>> {
+    let mut rng = Lcg(42);
+    let mut out = Vec::with_capacity(LEASES * GRANTS_PER_LEASE * 11);
+    for l in 0..LEASES {
+        let lease = format!("orders/order-{l:06}");
+        // Leases start staggered over a minute; grants follow each other.
+        let mut t = T0 + rng.below(60_000_000) as i64;
+        let mut token = 1000 + rng.below(1000);
+        for _ in 0..GRANTS_PER_LEASE {
+            let holder = format!("worker-{}", rng.below(HOLDERS as u64));
+            let ttl = 3000;
+            let mut mono = rng.below(1_000_000) as f64;
+            let mut e = event(
+                t,
+                Kind::Acquired,
+                Source::Coordinator,
+                &lease,
+                &holder,
+                token,
+            );
+            e.ttl_ms = Some(ttl);
+            e.backend = Some(Cow::Borrowed("etcd"));
+            e.latency_ms = Some(12.0);
+            out.push(e);
+            let mut e = event(
+                t + 2_000,
+                Kind::Acquired,
+                Source::Holder,
+                &lease,
+                &holder,
+                token,
+            );
+            e.ttl_ms = Some(ttl);
+            e.keepalive_sent_mono_ms = Some(mono);
+            e.mono_ms = Some(mono + 2.0);
+            out.push(e);
+            for _ in 0..3 {
+                t += 1_000_000;
+                mono += 1000.0;
+                if rng.below(6) == 0 {
+                    let mut e = event(
+                        t - 400_000,
+                        Kind::RenewFailed,
+                        Source::Holder,
+                        &lease,
+                        &holder,
+                        token,
+                    );
+                    e.reason = Some(Cow::Borrowed("timeout"));
+                    out.push(e);
+                }
+                let mut e = event(t, Kind::Renewed, Source::Holder, &lease, &holder, token);
+                e.keepalive_sent_mono_ms = Some(mono);
+                e.mono_ms = Some(mono + 3.0);
+                e.latency_ms = Some(3.0);
+                out.push(e);
+            }
+            for _ in 0..2 {
+                let w = t - rng.below(900_000) as i64;
+                out.push(event(
+                    w,
+                    Kind::WriteAccepted,
+                    Source::Resource,
+                    &lease,
+                    &holder,
+                    token,
+                ));
+            }
+            t += 500_000;
+            out.push(event(
+                t,
+                Kind::Released,
+                Source::Holder,
+                &lease,
+                &holder,
+                token,
+            ));
+            out.push(event(
+                t + 1_000,
+                Kind::Released,
+                Source::Coordinator,
+                &lease,
+                &holder,
+                token,
+            ));
+            t += 100_000 + rng.below(400_000) as i64;
+            token += 1 + rng.below(3);
+        }
+        if l % 100 == 0 {
+            // A paused holder's write, accepted after the lease moved on.
+            out.push(event(
+                t,
+                Kind::WriteAccepted,
+                Source::Resource,
+                &lease,
+                "worker-0",
+                999,
+            ));
+        }
+    }
+    for (i, e) in out.iter_mut().enumerate() {
+        e.event_id = Some(Cow::Owned(format!("ev-{i:08}")));
+    }
+    // Stream order, with up to 50 ms of reordering between emitters.
+    out.sort_by_key(|e| e.ts_us + rng.below(50_000) as i64);
+    // 1 % retried: a copy arrives a little later.
+    let n = out.len();
+    let mut retries: Vec<(usize, usize)> = (0..n / 100)
+        .map(|_| {
+            let i = rng.below(n as u64) as usize;
+            (i + 1 + rng.below(1000) as usize, i)
+        })
+        .collect();
+    retries.sort_unstable();
+    let mut with_retries = Vec::with_capacity(n + retries.len());
+    let mut r = retries.iter().peekable();
+    for (pos, e) in out.iter().enumerate() {
+        while let Some(&&(_, i)) = r.next_if(|(at, _)| *at <= pos) {
+            with_retries.push(out[i].clone());
+        }
+        with_retries.push(e.clone());
+    }
+    with_retries.extend(r.map(|&(_, i)| out[i].clone()));
+    with_retries
+}
+
+fn bench(c: &mut Criterion) {
+    let events = synthetic();
+    let mut group = c.benchmark_group("audit");
+    group.throughput(Throughput::Elements(events.len() as u64));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(20));
+    group.bench_function("push+timeline+violations", |b| {
+        b.iter(|| {
+            let mut auditor = Auditor::default();
+            for e in &events {
+                auditor.push(e);
+            }
+            let timeline = auditor.timeline();
+            let violations = auditor.violations();
+            black_box((timeline.len(), violations.len()))
+        })
+    });
+    group.bench_function("push", |b| {
+        b.iter(|| {
+            let mut auditor = Auditor::default();
+            for e in &events {
+                auditor.push(e);
+            }
+            black_box(auditor.len())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

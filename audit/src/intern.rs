@@ -1,0 +1,70 @@
+//! String interning.
+//!
+//! Events repeat the same few holder ids, backends and lease ids millions of
+//! times; storing a `u32` per event instead of a `String` keeps a push free of
+//! allocation once a string has been seen, and hands out `Arc<str>` so the
+//! derived rows clone cheaply.
+//!
+//! Symbol numbers depend on arrival order, so they are handles only: nothing
+//! that decides an audit result may order by them (see `record::canonical_cmp`).
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+
+/// A symbol: an index into an [`Interner`], or [`NONE`].
+pub(crate) type Sym = u32;
+
+/// The absent symbol, so that optional strings take four bytes.
+pub(crate) const NONE: Sym = u32::MAX;
+
+#[derive(Default)]
+pub(crate) struct Interner {
+    table: HashTable<Sym>,
+    strings: Vec<Arc<str>>,
+    hasher: DefaultHashBuilder,
+}
+
+impl Interner {
+    pub fn find(&self, s: &str) -> Option<Sym> {
+        let hash = self.hasher.hash_one(s);
+        self.table
+            .find(hash, |&sym| &*self.strings[sym as usize] == s)
+            .copied()
+    }
+
+    /// The symbol of `s`, and whether it was new.
+    pub fn intern(&mut self, s: &str) -> (Sym, bool) {
+        let hash = self.hasher.hash_one(s);
+        let strings = &self.strings;
+        if let Some(&sym) = self.table.find(hash, |&sym| &*strings[sym as usize] == s) {
+            return (sym, false);
+        }
+        let sym = Sym::try_from(self.strings.len())
+            .ok()
+            .filter(|&s| s != NONE)
+            .expect("more than 4 billion distinct strings");
+        self.strings.push(Arc::from(s));
+        let (strings, hasher) = (&self.strings, &self.hasher);
+        self.table
+            .insert_unique(hash, sym, |&k| hasher.hash_one(&*strings[k as usize]));
+        (sym, true)
+    }
+
+    pub fn intern_opt(&mut self, s: Option<&str>) -> Sym {
+        s.map_or(NONE, |s| self.intern(s).0)
+    }
+
+    pub fn get(&self, sym: Sym) -> &Arc<str> {
+        &self.strings[sym as usize]
+    }
+
+    pub fn get_opt(&self, sym: Sym) -> Option<&Arc<str>> {
+        (sym != NONE).then(|| self.get(sym))
+    }
+
+    pub fn hasher(&self) -> &DefaultHashBuilder {
+        &self.hasher
+    }
+}

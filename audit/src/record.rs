@@ -1,0 +1,163 @@
+//! The compact form an event is kept in, and the one order every derivation
+//! walks events in.
+
+use std::cmp::Ordering;
+use std::hash::BuildHasher;
+
+use leaseline_schema::{Kind, LeaseEvent, Source};
+
+use crate::intern::{Interner, Sym, NONE};
+
+/// One de-duplicated event of a lease, with only the fields the audit reads.
+/// Fields the audit never reads (latency, reason, max_token, span, attrs)
+/// are dropped, so two events that differ only there are indistinguishable
+/// here, which is what makes the order below total in effect.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ev {
+    pub ts: i64,
+    pub token: Option<u64>,
+    pub ttl_ms: Option<i64>,
+    /// Holder monotonic clock readings; NaN when absent, which keeps the
+    /// record small and still totally ordered by `f64::total_cmp`.
+    pub mono_ms: f64,
+    pub keepalive_sent_mono_ms: f64,
+    pub deadline_mono_ms: f64,
+    pub holder: Sym,
+    pub backend: Sym,
+    pub trace: Sym,
+    pub event_id: Sym,
+    pub kind: Kind,
+    pub source: Source,
+}
+
+fn mono(v: Option<f64>) -> f64 {
+    v.filter(|v| !v.is_nan()).unwrap_or(f64::NAN)
+}
+
+impl Ev {
+    pub fn new(e: &LeaseEvent<'_>, strings: &mut Interner, event_id: Sym) -> Ev {
+        Ev {
+            ts: e.ts_us,
+            token: e.fencing_token,
+            ttl_ms: e.ttl_ms,
+            mono_ms: mono(e.mono_ms),
+            keepalive_sent_mono_ms: mono(e.keepalive_sent_mono_ms),
+            deadline_mono_ms: mono(e.deadline_mono_ms),
+            holder: strings.intern_opt(e.holder_id.as_deref()),
+            backend: strings.intern_opt(e.backend.as_deref()),
+            trace: strings.intern_opt(e.trace_id.as_deref()),
+            event_id,
+            kind: e.kind,
+            source: e.source,
+        }
+    }
+
+    pub fn opt(v: f64) -> Option<f64> {
+        (!v.is_nan()).then_some(v)
+    }
+
+    /// The clock this event's `ts` was read from.
+    pub fn clock(&self) -> Clock {
+        Clock::of(self.source, self.holder)
+    }
+
+    /// A fingerprint of the stored content within one auditor (symbols are
+    /// stable there), so an exact retry is recognised without finding the
+    /// first copy.
+    pub fn fingerprint(&self, lease: Sym, hasher: &impl BuildHasher) -> u64 {
+        hasher.hash_one((
+            lease,
+            self.ts,
+            self.token,
+            self.ttl_ms,
+            self.mono_ms.to_bits(),
+            self.keepalive_sent_mono_ms.to_bits(),
+            self.deadline_mono_ms.to_bits(),
+            (self.holder, self.backend, self.trace),
+            kind_rank(self.kind),
+            self.source as u8,
+        ))
+    }
+}
+
+/// Whose wall clock a timestamp comes from. The coordinator is one clock and
+/// the resource is one clock; every holder process has its own, because two
+/// holders are two machines even though the contract calls both `holder`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Clock {
+    source: Source,
+    holder: Sym,
+}
+
+impl Clock {
+    pub fn of(source: Source, holder: Sym) -> Clock {
+        let holder = if source == Source::Holder {
+            holder
+        } else {
+            NONE
+        };
+        Clock { source, holder }
+    }
+
+    /// The slack a comparison between these two clocks allows.
+    pub fn tolerance(self, other: Clock, skew_us: i64) -> i64 {
+        if self == other {
+            0
+        } else {
+            skew_us
+        }
+    }
+}
+
+/// Where a kind sorts among events of the same timestamp: acquisitions
+/// first, then keepalive outcomes, then resource events, then ends. A
+/// renewal and an end at the same instant therefore read as renew-then-end,
+/// the benign order.
+pub(crate) fn kind_rank(kind: Kind) -> u8 {
+    match kind {
+        Kind::AcquireRequested => 0,
+        Kind::AcquireFailed => 1,
+        Kind::Acquired => 2,
+        Kind::Renewed => 3,
+        Kind::RenewFailed => 4,
+        Kind::DrainStarted => 5,
+        Kind::Fenced => 6,
+        Kind::WriteAccepted => 7,
+        Kind::StaleWriteRejected => 8,
+        Kind::Released => 9,
+        Kind::Expired => 10,
+        Kind::Revoked => 11,
+    }
+}
+
+fn cmp_sym(strings: &Interner, a: Sym, b: Sym) -> Ordering {
+    if a == b {
+        return Ordering::Equal;
+    }
+    match (strings.get_opt(a), strings.get_opt(b)) {
+        (None, _) => Ordering::Less,
+        (_, None) => Ordering::Greater,
+        (Some(a), Some(b)) => a.cmp(b),
+    }
+}
+
+/// The order of a lease's events: by timestamp, then by content only, never
+/// by arrival, so every derivation sees the same sequence whatever order the
+/// events were pushed in. Records equal under it are identical.
+pub(crate) fn canonical_cmp(a: &Ev, b: &Ev, strings: &Interner, ids: &Interner) -> Ordering {
+    a.ts.cmp(&b.ts)
+        .then_with(|| kind_rank(a.kind).cmp(&kind_rank(b.kind)))
+        .then_with(|| a.source.cmp(&b.source))
+        .then_with(|| a.token.cmp(&b.token))
+        .then_with(|| cmp_sym(strings, a.holder, b.holder))
+        .then_with(|| cmp_sym(ids, a.event_id, b.event_id))
+        .then_with(|| a.ttl_ms.cmp(&b.ttl_ms))
+        .then_with(|| a.mono_ms.total_cmp(&b.mono_ms))
+        .then_with(|| {
+            a.keepalive_sent_mono_ms
+                .total_cmp(&b.keepalive_sent_mono_ms)
+        })
+        .then_with(|| a.deadline_mono_ms.total_cmp(&b.deadline_mono_ms))
+        .then_with(|| cmp_sym(strings, a.backend, b.backend))
+        .then_with(|| cmp_sym(strings, a.trace, b.trace))
+}

@@ -1,0 +1,79 @@
+//! The configuration file (TOML) and how flags and environment variables
+//! override it.
+
+use std::path::Path;
+
+use anyhow::Context;
+use leaseline_ingest::{CompactionConfig, FlushPolicy, KafkaConfig};
+use serde::Deserialize;
+
+/// Everything `leaseline` can be configured with. Every key is optional;
+/// defaults are documented in `docs/configuration.md`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The lake's root: a directory or an object store URL
+    /// (`file://`, `s3://`, `gs://`, `az://`).
+    pub lake: String,
+    pub kafka: KafkaConfig,
+    pub flush: FlushPolicy,
+    pub compaction: CompactionConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            lake: "./lake".into(),
+            kafka: KafkaConfig::default(),
+            flush: FlushPolicy::default(),
+            compaction: CompactionConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads a config file; a missing `path` gives the defaults.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
+        let Some(path) = path else {
+            return Ok(Config::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units_and_refuses_unknown_keys() {
+        let c: Config = toml::from_str(
+            r#"
+            lake = "s3://bucket/leases"
+            [kafka]
+            brokers = "k1:9092,k2:9092"
+            topics = ["leases"]
+            properties = { "security.protocol" = "SASL_SSL" }
+            [flush]
+            max_rows = 5000
+            max_bytes = "8 MiB"
+            flush_interval = "2s"
+            [compaction]
+            target_file_bytes = "256MiB"
+            retention = "30m"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.flush.max_rows, 5000);
+        assert_eq!(c.flush.max_bytes.as_u64(), 8 * 1024 * 1024);
+        assert_eq!(c.flush.flush_interval, std::time::Duration::from_secs(2));
+        assert_eq!(c.compaction.retention, std::time::Duration::from_secs(1800));
+        assert_eq!(c.kafka.properties["security.protocol"], "SASL_SSL");
+        assert!(c.compaction.enabled);
+
+        let err = toml::from_str::<Config>("[flush]\nmax_row = 1\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{err}");
+    }
+}

@@ -1,0 +1,370 @@
+//! `leaseline`: the command that wires the crates together.
+//!
+//! `ingest` consumes Kafka into the lake, `import` loads NDJSON files,
+//! `sql` queries the lake, `compact` merges small files. Configuration
+//! comes from defaults, then `--config FILE`, then environment variables
+//! and flags (`leaseline help <command>` lists them).
+
+mod config;
+mod output;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytesize::ByteSize;
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use leaseline_ingest::import::{import, ImportInput};
+use leaseline_ingest::{kafka, CompactionConfig};
+use leaseline_lake::{CompactionPolicy, Lake, Table};
+use leaseline_query::QueryEngine;
+use tracing::{error, info};
+
+use crate::config::Config;
+use crate::output::Format;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "leaseline",
+    version,
+    about = "Audits distributed-lock leases from their transition events"
+)]
+struct Cli {
+    /// Configuration file (TOML); flags and environment variables override it.
+    #[arg(long, global = true, env = "LEASELINE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log filter, e.g. `info` or `leaseline_ingest=debug`.
+    #[arg(long, global = true, env = "LEASELINE_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Args)]
+struct LakeArgs {
+    /// The lake's root: a directory or an object store URL.
+    #[arg(long, env = "LEASELINE_LAKE")]
+    lake: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct FlushArgs {
+    /// Flush after this many buffered messages.
+    #[arg(long, env = "LEASELINE_FLUSH_MAX_ROWS")]
+    flush_max_rows: Option<usize>,
+    /// Flush after this many buffered bytes (e.g. `64MiB`).
+    #[arg(long, env = "LEASELINE_FLUSH_MAX_BYTES")]
+    flush_max_bytes: Option<ByteSize>,
+    /// Flush at most this long after the first buffered message (e.g. `10s`).
+    #[arg(long, env = "LEASELINE_FLUSH_INTERVAL", value_parser = humantime::parse_duration)]
+    flush_interval: Option<Duration>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Consume lease events from Kafka into the lake until SIGTERM or Ctrl-C.
+    Ingest {
+        #[command(flatten)]
+        lake: LakeArgs,
+        #[command(flatten)]
+        flush: FlushArgs,
+        /// Bootstrap brokers, `host:port[,host:port]`.
+        #[arg(long, env = "LEASELINE_KAFKA_BROKERS")]
+        brokers: Option<String>,
+        /// Topic to consume (repeat, or comma-separate in the env var).
+        #[arg(long = "topic", env = "LEASELINE_KAFKA_TOPICS", value_delimiter = ',')]
+        topics: Vec<String>,
+        /// Consumer group id.
+        #[arg(long, env = "LEASELINE_KAFKA_GROUP_ID")]
+        group_id: Option<String>,
+        /// A librdkafka property, `key=value` (repeatable), e.g. for TLS or SASL.
+        #[arg(
+            long = "kafka-property",
+            env = "LEASELINE_KAFKA_PROPERTIES",
+            value_delimiter = ';'
+        )]
+        kafka_properties: Vec<String>,
+        /// Do not compact or vacuum in the background.
+        #[arg(long, env = "LEASELINE_NO_COMPACTION")]
+        no_compaction: bool,
+        /// How often background compaction runs (e.g. `60s`).
+        #[arg(long, env = "LEASELINE_COMPACTION_INTERVAL", value_parser = humantime::parse_duration)]
+        compaction_interval: Option<Duration>,
+    },
+    /// Import NDJSON files (`-` for standard input) into the lake.
+    Import {
+        #[command(flatten)]
+        lake: LakeArgs,
+        #[command(flatten)]
+        flush: FlushArgs,
+        /// NDJSON files, one event per line.
+        #[arg(required = true)]
+        files: Vec<String>,
+    },
+    /// Run a read-only SQL query over the lake's tables.
+    Sql {
+        #[command(flatten)]
+        lake: LakeArgs,
+        /// The query, e.g. "SELECT count(*) FROM lease_events".
+        query: String,
+        /// Output format.
+        #[arg(
+            long,
+            value_enum,
+            default_value = "table",
+            env = "LEASELINE_SQL_FORMAT"
+        )]
+        format: Format,
+    },
+    /// Merge small files now and delete files replaced long enough ago.
+    Compact {
+        #[command(flatten)]
+        lake: LakeArgs,
+        /// Size merged files aim for (e.g. `128MiB`).
+        #[arg(long, env = "LEASELINE_COMPACTION_TARGET_FILE_BYTES")]
+        target_file_bytes: Option<ByteSize>,
+        /// Keep replaced files this long before deleting them (e.g. `1h`, `0s`).
+        #[arg(long, env = "LEASELINE_COMPACTION_RETENTION", value_parser = humantime::parse_duration)]
+        retention: Option<Duration>,
+    },
+}
+
+impl FlushArgs {
+    fn apply(&self, cfg: &mut Config) {
+        if let Some(v) = self.flush_max_rows {
+            cfg.flush.max_rows = v;
+        }
+        if let Some(v) = self.flush_max_bytes {
+            cfg.flush.max_bytes = v;
+        }
+        if let Some(v) = self.flush_interval {
+            cfg.flush.flush_interval = v;
+        }
+    }
+}
+
+impl LakeArgs {
+    fn open(&self, cfg: &Config) -> anyhow::Result<Lake> {
+        let location = self.lake.as_deref().unwrap_or(&cfg.lake);
+        Lake::open(location).with_context(|| format!("opening lake {location}"))
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let mut cfg = Config::load(cli.config.as_deref())?;
+    match cli.command {
+        Command::Ingest {
+            lake,
+            flush,
+            brokers,
+            topics,
+            group_id,
+            kafka_properties,
+            no_compaction,
+            compaction_interval,
+        } => {
+            flush.apply(&mut cfg);
+            if let Some(b) = brokers {
+                cfg.kafka.brokers = b;
+            }
+            if !topics.is_empty() {
+                cfg.kafka.topics = topics;
+            }
+            if let Some(g) = group_id {
+                cfg.kafka.group_id = g;
+            }
+            for p in kafka_properties.iter().filter(|p| !p.is_empty()) {
+                let (k, v) = p
+                    .split_once('=')
+                    .with_context(|| format!("--kafka-property {p:?} is not key=value"))?;
+                cfg.kafka
+                    .properties
+                    .insert(k.trim().into(), v.trim().into());
+            }
+            if no_compaction {
+                cfg.compaction.enabled = false;
+            }
+            if let Some(i) = compaction_interval {
+                cfg.compaction.interval = i;
+            }
+            let lake = lake.open(&cfg)?;
+            run_ingest(lake, cfg).await
+        }
+        Command::Import { lake, flush, files } => {
+            flush.apply(&mut cfg);
+            let lake = lake.open(&cfg)?;
+            run_import(lake, &cfg, files).await
+        }
+        Command::Sql {
+            lake,
+            query,
+            format,
+        } => {
+            let engine = QueryEngine::new(lake.open(&cfg)?);
+            let batches = engine.sql(&query).await?;
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            output::write(format, &batches, &mut out)
+        }
+        Command::Compact {
+            lake,
+            target_file_bytes,
+            retention,
+        } => {
+            if let Some(t) = target_file_bytes {
+                cfg.compaction.target_file_bytes = t;
+            }
+            if let Some(r) = retention {
+                cfg.compaction.retention = r;
+            }
+            let lake = lake.open(&cfg)?;
+            let report = lake.compact(&policy(&cfg.compaction)).await?;
+            let deleted = lake.vacuum(cfg.compaction.retention).await?;
+            println!(
+                "merged {} files into {} ({} rows); deleted {} replaced or orphaned files",
+                report.merged_files, report.written_files, report.rows, deleted
+            );
+            Ok(())
+        }
+    }
+}
+
+fn policy(c: &CompactionConfig) -> CompactionPolicy {
+    CompactionPolicy {
+        target_file_bytes: c.target_file_bytes.as_u64(),
+        ..CompactionPolicy::default()
+    }
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing the SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+async fn run_ingest(lake: Lake, cfg: Config) -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let signal_stop = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        info!("shutdown requested");
+        signal_stop.store(true, Ordering::SeqCst);
+    });
+
+    let compactor = cfg.compaction.enabled.then(|| {
+        let lake = lake.clone();
+        let c = cfg.compaction.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(c.interval);
+            tick.tick().await;
+            while !stop.load(Ordering::SeqCst) {
+                tick.tick().await;
+                if let Err(e) = lake.compact(&policy(&c)).await {
+                    error!(error = %e, "compaction failed; will retry");
+                }
+                if let Err(e) = lake.vacuum(c.retention).await {
+                    error!(error = %e, "vacuum failed; will retry");
+                }
+            }
+        })
+    });
+
+    // Stop consuming, flush, commit offsets; then stop the background work.
+    let stats = kafka::run(lake, &cfg.kafka, cfg.flush.clone(), stop).await?;
+    if let Some(c) = compactor {
+        c.abort();
+    }
+    info!(
+        events = stats.events,
+        duplicates = stats.duplicates,
+        rejects = stats.rejects,
+        files = stats.files_written,
+        "stopped cleanly"
+    );
+    Ok(())
+}
+
+async fn run_import(lake: Lake, cfg: &Config, files: Vec<String>) -> anyhow::Result<()> {
+    let total: u64 = files
+        .iter()
+        .filter(|f| *f != "-")
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum();
+    let inputs = files
+        .iter()
+        .map(|f| ImportInput::open(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let bar = if std::io::stderr().is_terminal() {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("valid template"),
+    );
+    let summary = import(lake.clone(), inputs, &cfg.flush, |b| bar.set_position(b)).await?;
+    bar.finish_and_clear();
+    println!(
+        "imported {} lines: {} events, {} duplicates, {} rejects; {} files written in {:.2}s ({:.0} lines/s)",
+        summary.lines,
+        summary.events,
+        summary.duplicates,
+        summary.rejects,
+        summary.files_written,
+        summary.elapsed.as_secs_f64(),
+        summary.events_per_second()
+    );
+    let m = lake.latest().await?;
+    println!(
+        "lake {}: {} events and {} rejects in {} files (version {})",
+        lake.store().url(),
+        m.rows_of(Table::LeaseEvents),
+        m.rows_of(Table::LeaseRejects),
+        m.files.len(),
+        m.version
+    );
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! Typed configuration of the ingest pipeline. Durations and sizes are
+//! types with units in their names; unknown keys are an error.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::Deserialize;
+
+/// When buffered messages are written to the lake: whichever limit is
+/// reached first.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlushPolicy {
+    /// Flush once this many messages (events, duplicates and rejects) are
+    /// buffered.
+    pub max_rows: usize,
+    /// Flush once the buffered messages' raw bytes reach this size.
+    pub max_bytes: ByteSize,
+    /// Flush at most this long after the first buffered message arrived,
+    /// so the lake is never further behind than this.
+    #[serde(with = "humantime_serde")]
+    pub flush_interval: Duration,
+}
+
+impl Default for FlushPolicy {
+    fn default() -> Self {
+        FlushPolicy {
+            max_rows: 200_000,
+            max_bytes: ByteSize::mib(64),
+            flush_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Background merging of small files and deletion of replaced ones.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompactionConfig {
+    /// Run compaction in `leaseline ingest` / `serve`.
+    pub enabled: bool,
+    /// How often to look for small files.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Size merged files aim for; files of half this size or more are left alone.
+    pub target_file_bytes: ByteSize,
+    /// How long a replaced file stays on storage for readers still
+    /// scanning it, and how old an uncommitted file must be before vacuum
+    /// deletes it.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        CompactionConfig {
+            enabled: true,
+            interval: Duration::from_secs(60),
+            target_file_bytes: ByteSize::mib(128),
+            retention: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The Kafka source.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// Topics to consume.
+    pub topics: Vec<String>,
+    /// Consumer group; ingesters of one group split the partitions.
+    pub group_id: String,
+    /// Extra librdkafka properties passed through as they are (TLS, SASL,
+    /// timeouts), e.g. `"security.protocol" = "SASL_SSL"`.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "127.0.0.1:9092".into(),
+            topics: vec!["lease-events".into()],
+            group_id: "leaseline".into(),
+            properties: BTreeMap::new(),
+        }
+    }
+}

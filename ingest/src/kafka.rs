@@ -1,0 +1,287 @@
+//! The Kafka source: a consumer-group member that feeds the lake writer.
+//!
+//! Exactly once into the lake comes from three rules:
+//! - the lake's manifest, not the group's committed offsets, says how far
+//!   each partition is consumed; messages below it are skipped, and an
+//!   assigned partition starts there;
+//! - offsets advance in the lake only in the same commit as the files
+//!   holding their messages, and a commit fails if another writer already
+//!   committed past its start (a zombie can never add rows twice);
+//! - offsets are committed to the group only after the lake commit, so the
+//!   group never runs ahead of the lake.
+//!
+//! The consumer runs on a blocking thread with `BaseConsumer`, because
+//! librdkafka calls the rebalance callback from inside `poll`: on revoke we
+//! must flush the partitions' rows before giving them up, and that needs
+//! the writer, which lives on this same thread.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::Message;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::runtime::Handle;
+use tracing::{error, info, warn};
+
+use leaseline_lake::Lake;
+use leaseline_schema::Origin;
+
+use crate::config::{FlushPolicy, KafkaConfig};
+use crate::error::{IngestError, Result};
+use crate::writer::{LakeWriter, WriterStats};
+
+const POLL_TIMEOUT: Duration = Duration::from_millis(100);
+const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct IngestContext {
+    writer: Arc<Mutex<LakeWriter>>,
+    handle: Handle,
+}
+
+impl IngestContext {
+    fn writer(&self) -> MutexGuard<'_, LakeWriter> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl ClientContext for IngestContext {}
+
+impl ConsumerContext for IngestContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let mut w = self.writer();
+                // Another ingester may have committed these partitions'
+                // rows since we last looked: learn its offsets and ids.
+                if let Err(e) = self.handle.block_on(w.refresh()) {
+                    error!(error = %e, "could not reload the lake on assignment");
+                }
+                let parts: Vec<(String, i32)> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| (e.topic().to_string(), e.partition()))
+                    .collect();
+                for (topic, p) in &parts {
+                    if let Some(next) = w.manifest().next_offset(topic, *p) {
+                        if let Err(e) = tpl.set_partition_offset(topic, *p, Offset::Offset(next)) {
+                            warn!(topic, partition = p, error = %e, "could not set start offset");
+                        }
+                    }
+                }
+                info!(partitions = ?parts, "assigned");
+                if let Err(e) = consumer.assign(tpl) {
+                    error!(error = %e, "assign failed");
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let mut w = self.writer();
+                match self.handle.block_on(w.flush()) {
+                    Ok(_) => commit_offsets(consumer, &w, CommitMode::Sync),
+                    Err(e) => {
+                        // Nothing of the buffer was committed; the next
+                        // owner starts from the lake's offsets.
+                        error!(error = %e, "flush on revocation failed; dropping the buffer");
+                        if let Err(e) = self.handle.block_on(w.reset()) {
+                            error!(error = %e, "could not reload the lake");
+                        }
+                    }
+                }
+                info!(partitions = tpl.count(), "revoked");
+                if let Err(e) = consumer.unassign() {
+                    error!(error = %e, "unassign failed");
+                }
+            }
+            other => {
+                error!(error = ?other, "rebalance error");
+                let _ = consumer.unassign();
+            }
+        }
+    }
+}
+
+/// Commits to the group the lake's offsets of the partitions we own.
+fn commit_offsets(consumer: &BaseConsumer<IngestContext>, w: &LakeWriter, mode: CommitMode) {
+    let Ok(assignment) = consumer.assignment() else {
+        return;
+    };
+    let mut tpl = TopicPartitionList::new();
+    for e in assignment.elements() {
+        if let Some(next) = w.manifest().next_offset(e.topic(), e.partition()) {
+            let _ = tpl.add_partition_offset(e.topic(), e.partition(), Offset::Offset(next));
+        }
+    }
+    if tpl.count() > 0 {
+        if let Err(e) = consumer.commit(&tpl, mode) {
+            warn!(error = %e, "committing offsets to the group failed; the lake still has them");
+        }
+    }
+}
+
+/// Seeks partitions we own back to the lake's offsets.
+fn rewind(consumer: &BaseConsumer<IngestContext>, w: &LakeWriter, only: Option<&[(String, i32)]>) {
+    let Ok(assignment) = consumer.assignment() else {
+        return;
+    };
+    for e in assignment.elements() {
+        if let Some(only) = only {
+            if !only
+                .iter()
+                .any(|(t, p)| t == e.topic() && *p == e.partition())
+            {
+                continue;
+            }
+        }
+        let to = match w.manifest().next_offset(e.topic(), e.partition()) {
+            Some(n) => Offset::Offset(n),
+            None => Offset::Beginning,
+        };
+        if let Err(err) = consumer.seek(e.topic(), e.partition(), to, SEEK_TIMEOUT) {
+            warn!(topic = e.topic(), partition = e.partition(), error = %err, "seek failed");
+        }
+    }
+}
+
+/// Builds the librdkafka configuration: our required settings, then the
+/// user's pass-through properties.
+pub fn client_config(cfg: &KafkaConfig) -> Result<ClientConfig> {
+    if cfg.topics.is_empty() {
+        return Err(IngestError::Config("kafka.topics is empty".into()));
+    }
+    for key in ["enable.auto.commit", "enable.auto.offset.store"] {
+        if cfg.properties.contains_key(key) {
+            return Err(IngestError::Config(format!(
+                "kafka property {key} is managed by leaseline (offsets are committed after the lake)"
+            )));
+        }
+    }
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.brokers)
+        .set("group.id", &cfg.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "false")
+        // Bound what librdkafka prefetches: the flush buffer is the memory
+        // that matters.
+        .set("queued.max.messages.kbytes", "16384");
+    for (k, v) in &cfg.properties {
+        c.set(k, v);
+    }
+    Ok(c)
+}
+
+/// Consumes until `stop` is set, then stops in order: stop consuming,
+/// flush, commit offsets, leave the group.
+pub async fn run(
+    lake: Lake,
+    cfg: &KafkaConfig,
+    policy: FlushPolicy,
+    stop: Arc<AtomicBool>,
+) -> Result<WriterStats> {
+    let writer = Arc::new(Mutex::new(LakeWriter::open(lake).await?));
+    let ctx = IngestContext {
+        writer: writer.clone(),
+        handle: Handle::current(),
+    };
+    let consumer: BaseConsumer<IngestContext> = client_config(cfg)?.create_with_context(ctx)?;
+    let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    info!(brokers = %cfg.brokers, topics = ?cfg.topics, group = %cfg.group_id, "consuming");
+    let handle = Handle::current();
+    tokio::task::spawn_blocking(move || consume_loop(consumer, writer, policy, stop, handle))
+        .await
+        .map_err(|e| IngestError::Aborted(format!("consumer thread: {e}")))?
+}
+
+fn consume_loop(
+    consumer: BaseConsumer<IngestContext>,
+    writer: Arc<Mutex<LakeWriter>>,
+    policy: FlushPolicy,
+    stop: Arc<AtomicBool>,
+    handle: Handle,
+) -> Result<WriterStats> {
+    let lock = || writer.lock().unwrap_or_else(|p| p.into_inner());
+    let mut backoff = Duration::from_millis(500);
+    while !stop.load(Ordering::SeqCst) {
+        // The writer lock is not held while polling: the rebalance
+        // callback runs inside poll and takes it.
+        let polled = consumer.poll(POLL_TIMEOUT);
+        let mut w = lock();
+        match polled {
+            None => {}
+            Some(Ok(msg)) => {
+                let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
+                if !w.already_committed(topic, partition, offset) {
+                    w.push(
+                        msg.payload().unwrap_or_default(),
+                        Origin::Kafka {
+                            topic,
+                            partition,
+                            offset,
+                        },
+                    );
+                }
+            }
+            Some(Err(e)) => warn!(error = %e, "kafka"),
+        }
+        if w.should_flush(&policy) {
+            match handle.block_on(w.flush()) {
+                Ok(report) => {
+                    backoff = Duration::from_millis(500);
+                    commit_offsets(&consumer, &w, CommitMode::Async);
+                    if !report.lost_partitions.is_empty() {
+                        rewind(&consumer, &w, Some(&report.lost_partitions));
+                    }
+                }
+                Err(e) => {
+                    // Storage trouble: nothing was committed. Start again
+                    // from the lake's offsets after a pause; Kafka keeps
+                    // the messages meanwhile.
+                    error!(error = %e, retry_in = ?backoff, "flush failed");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    if let Err(e) = handle.block_on(w.reset()) {
+                        error!(error = %e, "could not reload the lake");
+                        continue;
+                    }
+                    rewind(&consumer, &w, None);
+                }
+            }
+        }
+    }
+    info!("stopping: flushing and committing");
+    let stats = {
+        let mut w = lock();
+        let flushed = handle.block_on(w.flush());
+        match flushed {
+            Ok(_) => commit_offsets(&consumer, &w, CommitMode::Sync),
+            Err(e) => {
+                return Err(IngestError::Aborted(format!(
+                    "final flush failed, buffered messages stay in Kafka: {e}"
+                )))
+            }
+        }
+        w.stats()
+    };
+    consumer.unsubscribe();
+    drop(consumer);
+    Ok(stats)
+}
+
+/// Checks that the brokers answer, for start-up errors worth reporting.
+pub fn check_brokers(cfg: &KafkaConfig, timeout: Duration) -> KafkaResult<usize> {
+    let probe: BaseConsumer = client_config(cfg)
+        .map_err(|e| rdkafka::error::KafkaError::ClientCreation(e.to_string()))?
+        .create()?;
+    Ok(probe.fetch_metadata(None, timeout)?.brokers().len())
+}

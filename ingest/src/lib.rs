@@ -1,0 +1,24 @@
+//! Ingest: lease events from Kafka and NDJSON files into the lake, exactly
+//! once, nothing lost.
+//!
+//! What enters: Kafka messages ([`kafka::run`]) or NDJSON lines
+//! ([`import::import`]), one event each, decoded strictly by
+//! `leaseline-schema`.
+//! What leaves: commits to the lake (`leaseline-lake`): valid events, de-
+//! duplicated by `event_id`, in `lease_events`; every malformed message,
+//! byte for byte with its reason and origin, in `lease_rejects`; and the
+//! Kafka offsets those rows cover, in the same commit.
+//!
+//! Key types: [`LakeWriter`] (buffer, flush, conflict handling),
+//! [`FlushPolicy`], [`KafkaConfig`], [`CompactionConfig`], [`IngestError`].
+//! Ingest never reads through the query layer.
+
+pub mod config;
+mod error;
+pub mod import;
+pub mod kafka;
+mod writer;
+
+pub use crate::config::{CompactionConfig, FlushPolicy, KafkaConfig};
+pub use crate::error::{IngestError, Result};
+pub use crate::writer::{FlushReport, LakeWriter, Pushed, WriterStats};

@@ -1,0 +1,369 @@
+//! The lake writer: buffers decoded messages and commits them to the lake
+//! with the Kafka ranges they cover, de-duplicated by `event_id`.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::Int32Type;
+use leaseline_lake::{
+    parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError, Manifest, Table,
+};
+use leaseline_schema::{decode, EventBatchBuilder, Origin, RejectBatchBuilder};
+use tracing::{debug, info, warn};
+
+use crate::config::FlushPolicy;
+use crate::error::Result;
+
+/// What happened to one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    Event,
+    Duplicate,
+    Reject,
+}
+
+/// Running totals since the writer opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    pub events: u64,
+    pub duplicates: u64,
+    pub rejects: u64,
+    pub files_written: u64,
+    pub commits: u64,
+}
+
+/// What one flush committed.
+#[derive(Debug, Default, Clone)]
+pub struct FlushReport {
+    pub events: u64,
+    pub rejects: u64,
+    pub files: Vec<DataFile>,
+    /// Partitions whose buffered rows were dropped because another writer
+    /// had already committed past them: the consumer must seek them back to
+    /// the lake's offset (or has lost them in a rebalance).
+    pub lost_partitions: Vec<(String, i32)>,
+    pub version: u64,
+}
+
+/// Buffers messages and commits them atomically to the lake.
+pub struct LakeWriter {
+    lake: Lake,
+    manifest: Manifest,
+    /// Files whose ids are in `seen`.
+    known_files: HashSet<String>,
+    seen: EventIdSet,
+    events: EventBatchBuilder,
+    rejects: RejectBatchBuilder,
+    /// Buffered Kafka ranges: (topic, partition, first offset, next offset).
+    ranges: Vec<KafkaRange>,
+    buffered_rows: usize,
+    buffered_bytes: u64,
+    first_buffered: Option<Instant>,
+    stats: WriterStats,
+}
+
+fn now_us() -> i64 {
+    chrono::Utc::now().timestamp_micros()
+}
+
+impl LakeWriter {
+    /// Opens a writer on the lake's newest version, loading every
+    /// `event_id` already in it.
+    pub async fn open(lake: Lake) -> Result<Self> {
+        let manifest = lake.latest().await?;
+        let mut seen = EventIdSet::new();
+        let files: Vec<&DataFile> = manifest.files.iter().collect();
+        lake.load_event_ids(&files, &mut seen).await?;
+        let known_files = manifest.files.iter().map(|f| f.path.clone()).collect();
+        info!(
+            version = manifest.version,
+            files = manifest.files.len(),
+            event_ids = seen.len(),
+            "opened lake"
+        );
+        Ok(LakeWriter {
+            lake,
+            manifest,
+            known_files,
+            seen,
+            events: EventBatchBuilder::new(),
+            rejects: RejectBatchBuilder::new(),
+            ranges: Vec::new(),
+            buffered_rows: 0,
+            buffered_bytes: 0,
+            first_buffered: None,
+            stats: WriterStats::default(),
+        })
+    }
+
+    pub fn lake(&self) -> &Lake {
+        &self.lake
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn stats(&self) -> WriterStats {
+        self.stats
+    }
+
+    pub fn buffered_rows(&self) -> usize {
+        self.buffered_rows
+    }
+
+    /// True if the lake already holds this Kafka message.
+    pub fn already_committed(&self, topic: &str, partition: i32, offset: i64) -> bool {
+        self.manifest
+            .next_offset(topic, partition)
+            .is_some_and(|next| offset < next)
+    }
+
+    /// Decodes one message and buffers it as an event, a duplicate (which
+    /// only advances offsets) or a reject.
+    pub fn push(&mut self, payload: &[u8], origin: Origin<'_>) -> Pushed {
+        let now = now_us();
+        let outcome = match decode(payload) {
+            Ok(ev) => {
+                let fresh = match ev.event_id.as_deref() {
+                    Some(id) if !id.is_empty() => self.seen.insert(id),
+                    _ => true,
+                };
+                if fresh {
+                    self.events.append(&ev, &origin, now);
+                    self.stats.events += 1;
+                    Pushed::Event
+                } else {
+                    self.stats.duplicates += 1;
+                    Pushed::Duplicate
+                }
+            }
+            Err(err) => {
+                self.rejects.append(payload, &err, &origin, now);
+                self.stats.rejects += 1;
+                Pushed::Reject
+            }
+        };
+        if let Origin::Kafka {
+            topic,
+            partition,
+            offset,
+        } = origin
+        {
+            match self
+                .ranges
+                .iter_mut()
+                .find(|r| r.partition == partition && r.topic == topic)
+            {
+                Some(r) => r.end = offset + 1,
+                None => self.ranges.push(KafkaRange {
+                    topic: topic.to_string(),
+                    partition,
+                    start: offset,
+                    end: offset + 1,
+                }),
+            }
+        }
+        self.buffered_rows += 1;
+        self.buffered_bytes += payload.len() as u64;
+        self.first_buffered.get_or_insert_with(Instant::now);
+        outcome
+    }
+
+    pub fn should_flush(&self, policy: &FlushPolicy) -> bool {
+        self.buffered_rows >= policy.max_rows
+            || self.buffered_bytes >= policy.max_bytes.as_u64()
+            || self
+                .first_buffered
+                .is_some_and(|t| t.elapsed() >= policy.flush_interval)
+    }
+
+    /// Reloads the newest manifest and learns the ids of files other
+    /// writers added (for example after being assigned partitions another
+    /// ingester had).
+    pub async fn refresh(&mut self) -> Result<()> {
+        let fresh = self.load_unknown().await?;
+        self.seen.merge(&fresh);
+        Ok(())
+    }
+
+    /// Reloads the newest manifest; returns the ids of the files in it we
+    /// did not know, without adding them to `seen`.
+    async fn load_unknown(&mut self) -> Result<EventIdSet> {
+        let latest = self.lake.latest().await?;
+        let unknown: Vec<&DataFile> = latest
+            .files
+            .iter()
+            .filter(|f| !self.known_files.contains(&f.path))
+            .collect();
+        let mut fresh = EventIdSet::new();
+        self.lake.load_event_ids(&unknown, &mut fresh).await?;
+        for f in &unknown {
+            self.known_files.insert(f.path.clone());
+        }
+        // Ids of files that compaction replaced stay in `seen`: their rows
+        // live on in the merged file.
+        self.manifest = latest;
+        Ok(fresh)
+    }
+
+    /// Writes everything buffered and commits it, with the Kafka ranges it
+    /// covers, in one manifest version. On a conflict with another writer
+    /// it reloads, drops rows the lake now already holds (ranges another
+    /// writer committed, ids another writer added) and tries again.
+    ///
+    /// If this returns an error nothing was committed and the buffer is
+    /// gone: the caller must not commit Kafka offsets and should restart
+    /// from the lake's offsets.
+    pub async fn flush(&mut self) -> Result<FlushReport> {
+        let mut report = FlushReport::default();
+        if self.buffered_rows == 0 {
+            return Ok(report);
+        }
+        let mut events = self.events.finish();
+        let mut rejects = self.rejects.finish();
+        let mut ranges = std::mem::take(&mut self.ranges);
+        self.buffered_rows = 0;
+        self.buffered_bytes = 0;
+        self.first_buffered = None;
+
+        loop {
+            let mut files = self.lake.write(Table::LeaseEvents, &events).await?;
+            files.extend(self.lake.write(Table::LeaseRejects, &rejects).await?);
+            let change = Change::Append {
+                files: files.clone(),
+                kafka: ranges.clone(),
+            };
+            match self.lake.commit(&self.manifest, &change).await {
+                Ok(m) => {
+                    for f in &files {
+                        self.known_files.insert(f.path.clone());
+                    }
+                    self.stats.files_written += files.len() as u64;
+                    self.stats.commits += 1;
+                    report.events = events.num_rows() as u64;
+                    report.rejects = rejects.num_rows() as u64;
+                    report.version = m.version;
+                    report.files = files;
+                    self.manifest = m;
+                    debug!(
+                        version = report.version,
+                        events = report.events,
+                        rejects = report.rejects,
+                        "flushed"
+                    );
+                    return Ok(report);
+                }
+                Err(LakeError::Conflict { reason, .. }) => {
+                    debug!(%reason, "commit conflict; rebasing");
+                    self.lake.discard(&files).await;
+                    let fresh = self.load_unknown().await?;
+                    let lost: Vec<KafkaRange> = ranges
+                        .iter()
+                        .filter(|r| {
+                            self.manifest
+                                .next_offset(&r.topic, r.partition)
+                                .is_some_and(|done| done > r.start)
+                        })
+                        .cloned()
+                        .collect();
+                    if !lost.is_empty() {
+                        warn!(
+                            partitions = ?lost.iter().map(|r| (&r.topic, r.partition)).collect::<Vec<_>>(),
+                            "another writer committed these partitions first; dropping our rows for them"
+                        );
+                        let (kept, dropped_ids) = drop_partitions(&events, &lost)?;
+                        // Their ids must not count as seen: when the
+                        // partition is consumed again they are new.
+                        for id in &dropped_ids {
+                            self.seen.remove(id);
+                        }
+                        self.stats.events -= dropped_ids.len() as u64;
+                        events = kept;
+                        rejects = drop_partitions(&rejects, &lost)?.0;
+                        ranges.retain(|r| !lost.contains(r));
+                        report
+                            .lost_partitions
+                            .extend(lost.iter().map(|r| (r.topic.clone(), r.partition)));
+                    }
+                    self.seen.merge(&fresh);
+                    if !fresh.is_empty() {
+                        let before = events.num_rows();
+                        events = drop_ids(&events, &fresh)?;
+                        let dropped = (before - events.num_rows()) as u64;
+                        self.stats.duplicates += dropped;
+                        self.stats.events -= dropped;
+                    }
+                    if events.num_rows() == 0 && rejects.num_rows() == 0 && ranges.is_empty() {
+                        return Ok(report);
+                    }
+                }
+                Err(e) => {
+                    self.lake.discard(&files).await;
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    /// Forgets everything buffered (after a failed flush) and reloads the
+    /// lake's state, so that consumption restarts from the lake's offsets
+    /// and de-duplication matches what is committed.
+    pub async fn reset(&mut self) -> Result<()> {
+        self.events = EventBatchBuilder::new();
+        self.rejects = RejectBatchBuilder::new();
+        self.ranges.clear();
+        self.buffered_rows = 0;
+        self.buffered_bytes = 0;
+        self.first_buffered = None;
+        let fresh = LakeWriter::open(self.lake.clone()).await?;
+        self.manifest = fresh.manifest;
+        self.known_files = fresh.known_files;
+        self.seen = fresh.seen;
+        Ok(())
+    }
+}
+
+/// Removes the rows of the lost partitions; returns the rest and the
+/// event ids (if the batch has that column) of the removed rows.
+fn drop_partitions(batch: &RecordBatch, lost: &[KafkaRange]) -> Result<(RecordBatch, Vec<String>)> {
+    let topic = batch
+        .column_by_name("kafka_topic")
+        .expect("origin")
+        .as_string::<i32>();
+    let part = batch
+        .column_by_name("kafka_partition")
+        .expect("origin")
+        .as_primitive::<Int32Type>();
+    let keep: Vec<bool> = (0..batch.num_rows())
+        .map(|i| {
+            topic.is_null(i)
+                || !lost
+                    .iter()
+                    .any(|r| r.partition == part.value(i) && r.topic == topic.value(i))
+        })
+        .collect();
+    let mut dropped = Vec::new();
+    if let Some(ids) = batch.column_by_name("event_id") {
+        let ids = ids.as_string::<i32>();
+        for (i, k) in keep.iter().enumerate() {
+            if !k {
+                dropped.push(ids.value(i).to_string());
+            }
+        }
+    }
+    Ok((parquet_io::filter_rows(batch, &keep)?, dropped))
+}
+
+fn drop_ids(batch: &RecordBatch, ids: &EventIdSet) -> Result<RecordBatch> {
+    let col = batch
+        .column_by_name("event_id")
+        .expect("event_id")
+        .as_string::<i32>();
+    let keep: Vec<bool> = col
+        .iter()
+        .map(|id| !id.is_some_and(|id| !id.is_empty() && ids.contains(id)))
+        .collect();
+    Ok(parquet_io::filter_rows(batch, &keep)?)
+}

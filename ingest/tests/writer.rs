@@ -1,0 +1,133 @@
+//! The lake writer on a local lake: de-duplication, and what happens when
+//! two writers race for the same partition or the same event.
+
+use leaseline_ingest::{FlushPolicy, LakeWriter, Pushed};
+use leaseline_lake::{Lake, Table};
+use leaseline_schema::Origin;
+
+fn event(id: &str, token: u64) -> Vec<u8> {
+    format!(
+        r#"{{"ts":"2026-09-14T10:00:00Z","kind":"renewed","source":"holder","lease_id":"l/1","holder_id":"h","fencing_token":{token},"event_id":"{id}"}}"#
+    )
+    .into_bytes()
+}
+
+fn kafka(partition: i32, offset: i64) -> Origin<'static> {
+    Origin::Kafka {
+        topic: "t",
+        partition,
+        offset,
+    }
+}
+
+async fn rows(lake: &Lake, table: Table) -> u64 {
+    lake.latest().await.unwrap().rows_of(table)
+}
+
+#[tokio::test]
+async fn duplicates_are_dropped_within_a_batch_and_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let mut w = LakeWriter::open(lake.clone()).await.unwrap();
+    assert_eq!(w.push(&event("a", 1), kafka(0, 0)), Pushed::Event);
+    assert_eq!(w.push(&event("a", 1), kafka(0, 1)), Pushed::Duplicate);
+    assert_eq!(w.push(b"{oops", kafka(0, 2)), Pushed::Reject);
+    let report = w.flush().await.unwrap();
+    assert_eq!((report.events, report.rejects), (1, 1));
+    assert_eq!(w.manifest().next_offset("t", 0), Some(3));
+    assert!(w.already_committed("t", 0, 2));
+    assert!(!w.already_committed("t", 0, 3));
+    drop(w);
+
+    let mut w = LakeWriter::open(lake.clone()).await.unwrap();
+    assert_eq!(
+        w.push(&event("a", 1), Origin::File { path: "x", line: 1 }),
+        Pushed::Duplicate
+    );
+    assert_eq!(
+        w.push(&event("b", 2), Origin::File { path: "x", line: 2 }),
+        Pushed::Event
+    );
+    w.flush().await.unwrap();
+    assert_eq!(rows(&lake, Table::LeaseEvents).await, 2);
+    assert_eq!(rows(&lake, Table::LeaseRejects).await, 1);
+}
+
+#[tokio::test]
+async fn a_zombie_writer_cannot_commit_a_partition_another_writer_took() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let mut zombie = LakeWriter::open(lake.clone()).await.unwrap();
+    let mut owner = LakeWriter::open(lake.clone()).await.unwrap();
+    // Both consumed partition 0 from offset 0 (the zombie was paused through
+    // a rebalance); the zombie also has partition 1, which nobody took.
+    for o in 0..10 {
+        zombie.push(&event(&format!("p0-{o}"), 1), kafka(0, o));
+    }
+    zombie.push(&event("p1-0", 1), kafka(1, 0));
+    for o in 0..15 {
+        owner.push(&event(&format!("p0-{o}"), 1), kafka(0, o));
+    }
+    owner.flush().await.unwrap();
+
+    let report = zombie.flush().await.unwrap();
+    assert_eq!(report.lost_partitions, vec![("t".to_string(), 0)]);
+    assert_eq!(report.events, 1, "only partition 1's row is committed");
+    let m = lake.latest().await.unwrap();
+    assert_eq!(m.next_offset("t", 0), Some(15));
+    assert_eq!(m.next_offset("t", 1), Some(1));
+    assert_eq!(m.rows_of(Table::LeaseEvents), 16);
+
+    // If the zombie reads partition 0 again from the lake's offset, the
+    // rows it dropped do not count as seen.
+    assert_eq!(zombie.push(&event("p0-15", 1), kafka(0, 15)), Pushed::Event);
+}
+
+#[tokio::test]
+async fn the_same_event_through_two_writers_lands_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let mut a = LakeWriter::open(lake.clone()).await.unwrap();
+    let mut b = LakeWriter::open(lake.clone()).await.unwrap();
+    // A producer retry sent one event to two partitions owned by two writers.
+    a.push(&event("retry", 7), kafka(0, 0));
+    a.push(&event("only-a", 7), kafka(0, 1));
+    b.push(&event("retry", 7), kafka(1, 0));
+    b.flush().await.unwrap();
+    let report = a.flush().await.unwrap();
+    assert_eq!(report.events, 1);
+    assert_eq!(rows(&lake, Table::LeaseEvents).await, 2);
+    assert_eq!(lake.latest().await.unwrap().next_offset("t", 0), Some(2));
+    assert_eq!(a.stats().duplicates, 1);
+}
+
+#[tokio::test]
+async fn flush_policy_by_rows_bytes_and_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let mut w = LakeWriter::open(lake).await.unwrap();
+    let policy = FlushPolicy {
+        max_rows: 3,
+        max_bytes: bytesize::ByteSize::b(10_000),
+        flush_interval: std::time::Duration::from_millis(200),
+    };
+    assert!(!w.should_flush(&policy));
+    w.push(&event("1", 1), kafka(0, 0));
+    assert!(!w.should_flush(&policy));
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    assert!(w.should_flush(&policy), "time limit");
+    w.flush().await.unwrap();
+    for i in 0..3 {
+        w.push(&event(&format!("r{i}"), 1), kafka(0, 1 + i));
+    }
+    assert!(w.should_flush(&policy), "row limit");
+    w.flush().await.unwrap();
+    let big = FlushPolicy {
+        max_rows: 1000,
+        max_bytes: bytesize::ByteSize::b(300),
+        ..policy
+    };
+    w.push(&event("b1", 1), kafka(0, 10));
+    w.push(&event("b2", 1), kafka(0, 11));
+    assert!(w.should_flush(&big), "byte limit");
+}

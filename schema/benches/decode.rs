@@ -1,0 +1,179 @@
+//! Decode-to-Arrow throughput of the strict decoder, in events per second
+//! on one core.
+//!
+//! The input is a fixed, realistic mix of ~250-byte events (grants,
+//! keepalives, resource writes, failures, ends; with event ids, backends,
+//! latencies, monotonic clocks, trace context and a few attrs), decoded one
+//! by one and appended to an `EventBatchBuilder`, the batch finished at the
+//! end as ingest does. `serde_json::Value parse` parses the same lines into
+//! a `serde_json::Value` as a baseline: what a plain JSON parse costs,
+//! without validation or columns.
+//!
+//! Run: `cargo bench -p leaseline-schema --bench decode`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use leaseline_schema::{decode, EventBatchBuilder, Origin};
+
+/// Events per iteration: about one ingest batch.
+const EVENTS: usize = 8192;
+
+/// A small deterministic generator (xorshift), so every run sees the same lines.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn hex(&mut self, digits: usize) -> String {
+        let mut s = String::with_capacity(digits);
+        while s.len() < digits {
+            s.push_str(&format!("{:016x}", self.next()));
+        }
+        s.truncate(digits);
+        s
+    }
+}
+
+/// The event mix: what a fleet of lock clients, an etcd/Redis adapter and a
+/// fenced store send, roughly in the proportions they send it (keepalives
+/// and writes dominate).
+fn lines() -> Vec<String> {
+    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    let backends = [
+        "etcd",
+        "redis",
+        "postgres",
+        "zookeeper",
+        "kubernetes",
+        "consul",
+    ];
+    let mut out = Vec::with_capacity(EVENTS);
+    let t0_ms: u64 = 1_789_380_000_000;
+    for i in 0..EVENTS as u64 {
+        let ms = t0_ms + i * 7 + r.below(5);
+        let ts = format!(
+            "2026-09-14T{:02}:{:02}:{:02}.{:03}Z",
+            10 + (ms / 3_600_000) % 10,
+            (ms / 60_000) % 60,
+            (ms / 1000) % 60,
+            ms % 1000
+        );
+        let lease = format!("orders/order-{}", 100_000 + r.below(5_000));
+        let holder = format!("worker-{}-{}", r.below(64), r.hex(6));
+        let token = 1_000_000 + r.below(1_000_000);
+        let backend = backends[r.below(backends.len() as u64) as usize];
+        let event_id = format!("{}-{}", r.hex(8), i);
+        let trace = if r.below(2) == 0 {
+            format!(r#","trace_id":"{}","span_id":"{}""#, r.hex(32), r.hex(16))
+        } else {
+            String::new()
+        };
+        let mono = 1_000_000.0 + (i as f64) * 7.25;
+        let line = match r.below(20) {
+            0..=1 => format!(
+                r#"{{"ts":"{ts}","kind":"acquired","source":"coordinator","lease_id":"{lease}","holder_id":"{holder}","fencing_token":{token},"ttl_ms":10000,"backend":"{backend}","event_id":"{event_id}","latency_ms":{:.1}{trace}}}"#,
+                r.below(2000) as f64 / 10.0
+            ),
+            2..=8 => format!(
+                r#"{{"ts":"{ts}","kind":"renewed","source":"holder","lease_id":"{lease}","holder_id":"{holder}","fencing_token":{token},"ttl_ms":10000,"backend":"{backend}","event_id":"{event_id}","latency_ms":{:.1},"mono_ms":{mono:.1},"keepalive_sent_mono_ms":{:.1}}}"#,
+                r.below(400) as f64 / 10.0,
+                mono - 4.2
+            ),
+            9..=14 => format!(
+                r#"{{"ts":{ms},"kind":"write_accepted","source":"resource","lease_id":"{lease}","holder_id":"{holder}","fencing_token":{token},"event_id":"{event_id}","backend":"{backend}"{trace},"attrs":{{"region":"eu-west-1","table":"orders"}}}}"#
+            ),
+            15 => format!(
+                r#"{{"ts":"{ts}","kind":"renew_failed","source":"holder","lease_id":"{lease}","holder_id":"{holder}","fencing_token":{token},"reason":"timeout","latency_ms":{:.1},"mono_ms":{mono:.1},"backend":"{backend}","event_id":"{event_id}"}}"#,
+                500.0 + r.below(100) as f64
+            ),
+            16 => format!(
+                r#"{{"ts":"{ts}","kind":"released","source":"holder","lease_id":"{lease}","holder_id":"{holder}","fencing_token":{token},"backend":"{backend}","event_id":"{event_id}","mono_ms":{mono:.1},"pod":"api-{}"}}"#,
+                r.below(100)
+            ),
+            17 => format!(
+                r#"{{"ts":"{ts}","kind":"expired","source":"coordinator","lease_id":"{lease}","holder_id":"{holder}","fencing_token":{token},"ttl_ms":10000,"backend":"{backend}","event_id":"{event_id}"}}"#
+            ),
+            18 => format!(
+                r#"{{"ts":"{ts}","kind":"fenced","source":"holder","lease_id":"{lease}","holder_id":"{holder}","fencing_token":{token},"deadline_mono_ms":{:.1},"mono_ms":{mono:.1},"backend":"{backend}","event_id":"{event_id}"}}"#,
+                mono - 10.0
+            ),
+            _ => format!(
+                r#"{{"ts":"{ts}","kind":"stale_write_rejected","source":"resource","lease_id":"{lease}","holder_id":"{holder}","fencing_token":{token},"max_token":{},"backend":"{backend}","event_id":"{event_id}"{trace}}}"#,
+                token + 1
+            ),
+        };
+        out.push(line);
+    }
+    out
+}
+
+fn bench(c: &mut Criterion) {
+    let lines = lines();
+    let bytes: usize = lines.iter().map(String::len).sum();
+    eprintln!(
+        "decode bench: {} events, {} bytes, {:.0} bytes/event on average",
+        lines.len(),
+        bytes,
+        bytes as f64 / lines.len() as f64
+    );
+    // Every line of the mix is a valid event.
+    for l in &lines {
+        if let Err(e) = decode(l.as_bytes()) {
+            panic!("bench line refused: {e}\n{l}");
+        }
+    }
+    let origin = Origin::Kafka {
+        topic: "lease-events",
+        partition: 0,
+        offset: 0,
+    };
+
+    let mut g = c.benchmark_group("Decode to Arrow");
+    g.throughput(Throughput::Elements(lines.len() as u64));
+    g.sample_size(30);
+    g.measurement_time(Duration::from_secs(8));
+    g.bench_function("decode + EventBatchBuilder (mixed ~250 B events)", |b| {
+        let mut builder = EventBatchBuilder::new();
+        b.iter(|| {
+            for l in &lines {
+                let e = decode(black_box(l.as_bytes())).unwrap();
+                builder.append(&e, &origin, 0);
+            }
+            black_box(builder.finish())
+        })
+    });
+    g.bench_function("decode only (mixed ~250 B events)", |b| {
+        b.iter(|| {
+            for l in &lines {
+                black_box(decode(black_box(l.as_bytes())).unwrap());
+            }
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("serde_json::Value parse");
+    g.throughput(Throughput::Elements(lines.len() as u64));
+    g.sample_size(30);
+    g.measurement_time(Duration::from_secs(8));
+    g.bench_function("serde_json::from_slice::<Value> (same lines)", |b| {
+        b.iter(|| {
+            for l in &lines {
+                let v: serde_json::Value = serde_json::from_slice(black_box(l.as_bytes())).unwrap();
+                black_box(v);
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

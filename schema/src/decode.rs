@@ -1,0 +1,809 @@
+//! Strict JSON decoding of one event, by the contract's validity rules.
+//!
+//! The decoder walks the JSON object once with serde, borrowing strings from
+//! the input. A semantic problem (a wrong type, a value out of range) is
+//! remembered and the walk goes on, so that a message that is also broken
+//! JSON further on is reported as `invalid_json`: syntax outranks meaning.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+
+use crate::event::{Kind, LeaseEvent, Source};
+
+/// Maximum length in bytes of `lease_id` and `holder_id`.
+pub const MAX_ID_BYTES: usize = 1024;
+
+/// The contract's named fields. `Display` gives the wire name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Field {
+    Ts,
+    Kind,
+    Source,
+    LeaseId,
+    HolderId,
+    FencingToken,
+    TtlMs,
+    EventId,
+    Backend,
+    LatencyMs,
+    Reason,
+    MaxToken,
+    MonoMs,
+    KeepaliveSentMonoMs,
+    DeadlineMonoMs,
+    TraceId,
+    SpanId,
+    Attrs,
+}
+
+impl Field {
+    #[cfg(test)]
+    const ALL: [Field; 18] = [
+        Field::Ts,
+        Field::Kind,
+        Field::Source,
+        Field::LeaseId,
+        Field::HolderId,
+        Field::FencingToken,
+        Field::TtlMs,
+        Field::EventId,
+        Field::Backend,
+        Field::LatencyMs,
+        Field::Reason,
+        Field::MaxToken,
+        Field::MonoMs,
+        Field::KeepaliveSentMonoMs,
+        Field::DeadlineMonoMs,
+        Field::TraceId,
+        Field::SpanId,
+        Field::Attrs,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Field::Ts => "ts",
+            Field::Kind => "kind",
+            Field::Source => "source",
+            Field::LeaseId => "lease_id",
+            Field::HolderId => "holder_id",
+            Field::FencingToken => "fencing_token",
+            Field::TtlMs => "ttl_ms",
+            Field::EventId => "event_id",
+            Field::Backend => "backend",
+            Field::LatencyMs => "latency_ms",
+            Field::Reason => "reason",
+            Field::MaxToken => "max_token",
+            Field::MonoMs => "mono_ms",
+            Field::KeepaliveSentMonoMs => "keepalive_sent_mono_ms",
+            Field::DeadlineMonoMs => "deadline_mono_ms",
+            Field::TraceId => "trace_id",
+            Field::SpanId => "span_id",
+            Field::Attrs => "attrs",
+        }
+    }
+
+    fn from_key(key: &str) -> Option<Field> {
+        // A match, not a search of ALL: the compiler dispatches on length
+        // first. Kept in step with `as_str` by the `from_key_inverts_as_str` test.
+        Some(match key {
+            "ts" => Field::Ts,
+            "kind" => Field::Kind,
+            "source" => Field::Source,
+            "lease_id" => Field::LeaseId,
+            "holder_id" => Field::HolderId,
+            "fencing_token" => Field::FencingToken,
+            "ttl_ms" => Field::TtlMs,
+            "event_id" => Field::EventId,
+            "backend" => Field::Backend,
+            "latency_ms" => Field::LatencyMs,
+            "reason" => Field::Reason,
+            "max_token" => Field::MaxToken,
+            "mono_ms" => Field::MonoMs,
+            "keepalive_sent_mono_ms" => Field::KeepaliveSentMonoMs,
+            "deadline_mono_ms" => Field::DeadlineMonoMs,
+            "trace_id" => Field::TraceId,
+            "span_id" => Field::SpanId,
+            "attrs" => Field::Attrs,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a message was refused. `Display` gives the stable machine-readable
+/// code stored in `lease_rejects.reason` (e.g. `missing_field:lease_id`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// The bytes are not UTF-8.
+    InvalidUtf8,
+    /// The bytes are not one JSON value (syntax error, trailing data, empty).
+    InvalidJson,
+    /// Valid JSON, but not an object.
+    NotAnObject,
+    /// A required field is absent (or `null`).
+    MissingField(Field),
+    /// A field has the wrong JSON type.
+    WrongType(Field),
+    /// A field has the right type but a value outside its range
+    /// (negative or too large a number, an empty or over-long id).
+    OutOfRange(Field),
+    /// A string field does not have the required format (trace and span ids).
+    BadFormat(Field),
+    /// A contract field appears twice in the object.
+    DuplicateField(Field),
+    /// `kind` is not one of the contract's kinds.
+    UnknownKind,
+    /// `source` is not `coordinator`, `holder` or `resource`.
+    UnknownSource,
+    /// `ts` is neither RFC 3339 with an offset nor integer epoch milliseconds.
+    BadTimestamp,
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RejectReason::InvalidUtf8 => f.write_str("invalid_utf8"),
+            RejectReason::InvalidJson => f.write_str("invalid_json"),
+            RejectReason::NotAnObject => f.write_str("not_an_object"),
+            RejectReason::MissingField(x) => write!(f, "missing_field:{x}"),
+            RejectReason::WrongType(x) => write!(f, "wrong_type:{x}"),
+            RejectReason::OutOfRange(x) => write!(f, "out_of_range:{x}"),
+            RejectReason::BadFormat(x) => write!(f, "bad_format:{x}"),
+            RejectReason::DuplicateField(x) => write!(f, "duplicate_field:{x}"),
+            RejectReason::UnknownKind => f.write_str("unknown_kind"),
+            RejectReason::UnknownSource => f.write_str("unknown_source"),
+            RejectReason::BadTimestamp => f.write_str("bad_timestamp"),
+        }
+    }
+}
+
+/// A refused message: the stable reason and a message for humans.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct DecodeError {
+    pub reason: RejectReason,
+    pub message: String,
+}
+
+impl DecodeError {
+    fn new(reason: RejectReason, message: impl Into<String>) -> Self {
+        DecodeError {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Decodes one message (a Kafka value or an NDJSON line, without its line
+/// terminator) into a valid event, or says why it is not one.
+pub fn decode(bytes: &[u8]) -> Result<LeaseEvent<'_>, DecodeError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        DecodeError::new(
+            RejectReason::InvalidUtf8,
+            format!("message is not UTF-8: {e}"),
+        )
+    })?;
+    decode_str(text)
+}
+
+/// [`decode`] for input already known to be UTF-8.
+pub fn decode_str(text: &str) -> Result<LeaseEvent<'_>, DecodeError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let top = de.deserialize_any(TopVisitor).and_then(|top| {
+        de.end()?;
+        Ok(top)
+    });
+    match top {
+        Err(e) => Err(DecodeError::new(
+            RejectReason::InvalidJson,
+            format!("not valid JSON: {e}"),
+        )),
+        Ok(Top::NotObject(what)) => Err(DecodeError::new(
+            RejectReason::NotAnObject,
+            format!("an event must be a JSON object, got {what}"),
+        )),
+        Ok(Top::Object(raw)) => raw.validate(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// First pass: collect the object's fields without judging more than types.
+
+/// A JSON value as far as a scalar field cares about it.
+enum Scalar<'de> {
+    Str(Cow<'de, str>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+    Bool,
+    Null,
+    Object,
+    Array,
+}
+
+impl Scalar<'_> {
+    fn type_name(&self) -> &'static str {
+        match self {
+            Scalar::Str(_) => "a string",
+            Scalar::U64(_) | Scalar::I64(_) => "an integer",
+            Scalar::F64(_) => "a number",
+            Scalar::Bool => "a boolean",
+            Scalar::Null => "null",
+            Scalar::Object => "an object",
+            Scalar::Array => "an array",
+        }
+    }
+}
+
+struct ScalarVisitor;
+
+impl<'de> Visitor<'de> for ScalarVisitor {
+    type Value = Scalar<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Scalar::Bool)
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Scalar::U64(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Scalar::I64(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(Scalar::F64(v))
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Scalar::Str(Cow::Borrowed(v)))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Scalar::Str(Cow::Owned(v.to_owned())))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Scalar::Str(Cow::Owned(v)))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Scalar::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(Scalar::Null)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Scalar::Object)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Scalar::Array)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Scalar<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ScalarVisitor)
+    }
+}
+
+/// A map key, borrowed when it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> de::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// The `attrs` object: string values only.
+enum Attrs<'de> {
+    Map(Vec<(Cow<'de, str>, Cow<'de, str>)>),
+    /// Not an object, or an object with a non-string value.
+    Invalid(String),
+    Null,
+}
+
+struct AttrsVisitor;
+
+impl<'de> Visitor<'de> for AttrsVisitor {
+    type Value = Attrs<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object of strings")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        let mut bad = None;
+        while let Some(Key(k)) = map.next_key()? {
+            match map.next_value::<Scalar<'de>>()? {
+                Scalar::Str(v) => out.push((k, v)),
+                other => {
+                    if bad.is_none() {
+                        bad = Some(format!(
+                            "attrs.{k} must be a string, got {}",
+                            other.type_name()
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(match bad {
+            Some(m) => Attrs::Invalid(m),
+            None => Attrs::Map(out),
+        })
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Attrs::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(Attrs::Null)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Attrs::Invalid(
+            "attrs must be an object, got a boolean".into(),
+        ))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Attrs::Invalid(
+            "attrs must be an object, got a number".into(),
+        ))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Attrs::Invalid(
+            "attrs must be an object, got a number".into(),
+        ))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Attrs::Invalid(
+            "attrs must be an object, got a number".into(),
+        ))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Attrs::Invalid(
+            "attrs must be an object, got a string".into(),
+        ))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Attrs::Invalid(
+            "attrs must be an object, got an array".into(),
+        ))
+    }
+}
+
+struct AttrsSeed;
+
+impl<'de> DeserializeSeed<'de> for AttrsSeed {
+    type Value = Attrs<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(AttrsVisitor)
+    }
+}
+
+#[derive(Default)]
+struct RawEvent<'de> {
+    fields: [Option<Scalar<'de>>; 17],
+    attrs: Option<Attrs<'de>>,
+    extra: Vec<(Cow<'de, str>, Cow<'de, str>)>,
+    /// The first structural problem met: a duplicate contract field.
+    first_error: Option<DecodeError>,
+}
+
+enum Top<'de> {
+    Object(Box<RawEvent<'de>>),
+    NotObject(&'static str),
+}
+
+struct TopVisitor;
+
+impl<'de> Visitor<'de> for TopVisitor {
+    type Value = Top<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut raw = Box::<RawEvent>::default();
+        while let Some(Key(key)) = map.next_key()? {
+            match Field::from_key(&key) {
+                Some(Field::Attrs) => {
+                    let v = map.next_value_seed(AttrsSeed)?;
+                    if raw.attrs.is_some() {
+                        raw.note(
+                            RejectReason::DuplicateField(Field::Attrs),
+                            "attrs appears twice",
+                        );
+                    }
+                    raw.attrs = Some(v);
+                }
+                Some(field) => {
+                    let v = map.next_value::<Scalar<'de>>()?;
+                    let slot = &mut raw.fields[field as usize];
+                    if slot.is_some() {
+                        let msg = format!("{field} appears twice");
+                        raw.note(RejectReason::DuplicateField(field), msg);
+                    } else {
+                        *slot = Some(v);
+                    }
+                }
+                None => {
+                    // Unknown fields never make an event invalid. Strings go
+                    // to attrs as they are; other values keep their JSON text
+                    // so nothing the producer sent is lost.
+                    let v: &'de RawValue = map.next_value()?;
+                    let text = v.get();
+                    let value = if text.len() >= 2
+                        && text.starts_with('"')
+                        && !text.as_bytes().contains(&b'\\')
+                    {
+                        // A string without escapes: its text between the quotes.
+                        Cow::Borrowed(&text[1..text.len() - 1])
+                    } else if text.starts_with('"') {
+                        match serde_json::from_str::<Cow<'de, str>>(text) {
+                            Ok(s) => s,
+                            Err(_) => Cow::Borrowed(text),
+                        }
+                    } else {
+                        Cow::Borrowed(text)
+                    };
+                    if text != "null" {
+                        raw.extra.push((key, value));
+                    }
+                }
+            }
+        }
+        Ok(Top::Object(raw))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Top::NotObject("an array"))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Top::NotObject("a boolean"))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Top::NotObject("a number"))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Top::NotObject("a number"))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Top::NotObject("a number"))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Top::NotObject("a string"))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Top::NotObject("null"))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Second pass: judge the collected fields by the contract.
+
+type Check<T> = Result<T, DecodeError>;
+
+fn wrong_type(field: Field, want: &str, got: &Scalar<'_>) -> DecodeError {
+    DecodeError::new(
+        RejectReason::WrongType(field),
+        format!("{field} must be {want}, got {}", got.type_name()),
+    )
+}
+
+impl<'de> RawEvent<'de> {
+    fn note(&mut self, reason: RejectReason, message: impl Into<String>) {
+        if self.first_error.is_none() {
+            self.first_error = Some(DecodeError::new(reason, message));
+        }
+    }
+
+    /// Takes a field, treating `null` as absent.
+    fn take(&mut self, field: Field) -> Option<Scalar<'de>> {
+        match self.fields[field as usize].take() {
+            Some(Scalar::Null) | None => None,
+            some => some,
+        }
+    }
+
+    fn string(&mut self, field: Field) -> Check<Option<Cow<'de, str>>> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Scalar::Str(s)) => Ok(Some(s)),
+            Some(other) => Err(wrong_type(field, "a string", &other)),
+        }
+    }
+
+    fn id(&mut self, field: Field) -> Check<Option<Cow<'de, str>>> {
+        let v = self.string(field)?;
+        if let Some(s) = &v {
+            if s.is_empty() {
+                return Err(DecodeError::new(
+                    RejectReason::OutOfRange(field),
+                    format!("{field} must not be empty"),
+                ));
+            }
+            if s.len() > MAX_ID_BYTES {
+                return Err(DecodeError::new(
+                    RejectReason::OutOfRange(field),
+                    format!(
+                        "{field} is {} bytes, at most {MAX_ID_BYTES} allowed",
+                        s.len()
+                    ),
+                ));
+            }
+        }
+        Ok(v)
+    }
+
+    fn u64(&mut self, field: Field) -> Check<Option<u64>> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Scalar::U64(v)) => Ok(Some(v)),
+            Some(Scalar::I64(v)) => Err(DecodeError::new(
+                RejectReason::OutOfRange(field),
+                format!("{field} must be an unsigned 64-bit integer, got {v}"),
+            )),
+            Some(Scalar::F64(v)) if v.abs() >= 9.2e18 && v.fract() == 0.0 => Err(DecodeError::new(
+                RejectReason::OutOfRange(field),
+                format!("{field} must be an unsigned 64-bit integer, got {v}"),
+            )),
+            Some(other) => Err(wrong_type(field, "an unsigned integer", &other)),
+        }
+    }
+
+    fn non_negative(&mut self, field: Field) -> Check<Option<f64>> {
+        let v = match self.take(field) {
+            None => return Ok(None),
+            Some(Scalar::U64(v)) => v as f64,
+            Some(Scalar::I64(v)) => v as f64,
+            Some(Scalar::F64(v)) => v,
+            Some(other) => return Err(wrong_type(field, "a number", &other)),
+        };
+        if v < 0.0 {
+            return Err(DecodeError::new(
+                RejectReason::OutOfRange(field),
+                format!("{field} must not be negative, got {v}"),
+            ));
+        }
+        Ok(Some(v))
+    }
+
+    fn hex(&mut self, field: Field, digits: usize) -> Check<Option<Cow<'de, str>>> {
+        let v = self.string(field)?;
+        if let Some(s) = &v {
+            let ok = s.len() == digits && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+            if !ok {
+                return Err(DecodeError::new(
+                    RejectReason::BadFormat(field),
+                    format!("{field} must be {digits} lowercase hex digits, got {s:?}"),
+                ));
+            }
+        }
+        Ok(v)
+    }
+
+    fn timestamp(&mut self) -> Check<Option<i64>> {
+        let bad = |m: String| DecodeError::new(RejectReason::BadTimestamp, m);
+        match self.take(Field::Ts) {
+            None => Ok(None),
+            Some(Scalar::Str(s)) => {
+                let t = chrono::DateTime::parse_from_rfc3339(&s)
+                    .map_err(|e| bad(format!("ts {s:?} is not RFC 3339 with an offset: {e}")))?;
+                Ok(Some(t.timestamp_micros()))
+            }
+            Some(Scalar::U64(ms)) => i64::try_from(ms)
+                .ok()
+                .and_then(|ms| ms.checked_mul(1000))
+                .filter(|us| chrono::DateTime::from_timestamp_micros(*us).is_some())
+                .map(Some)
+                .ok_or_else(|| bad(format!("ts {ms} is out of range for epoch milliseconds"))),
+            Some(Scalar::I64(ms)) => ms
+                .checked_mul(1000)
+                .filter(|us| chrono::DateTime::from_timestamp_micros(*us).is_some())
+                .map(Some)
+                .ok_or_else(|| bad(format!("ts {ms} is out of range for epoch milliseconds"))),
+            Some(Scalar::F64(v)) => Err(bad(format!(
+                "ts {v} is not an integer number of epoch milliseconds"
+            ))),
+            Some(other) => Err(wrong_type(
+                Field::Ts,
+                "an RFC 3339 string or integer epoch milliseconds",
+                &other,
+            )),
+        }
+    }
+
+    fn validate(mut self: Box<Self>) -> Check<LeaseEvent<'de>> {
+        if let Some(e) = self.first_error.take() {
+            return Err(e);
+        }
+        // Types and ranges first, in field order; then the kind-dependent
+        // presence rules, which need a valid kind.
+        let ts = self.timestamp()?;
+        let kind = match self.string(Field::Kind)? {
+            None => None,
+            Some(k) => Some(Kind::parse(&k).ok_or_else(|| {
+                DecodeError::new(RejectReason::UnknownKind, format!("unknown kind {k:?}"))
+            })?),
+        };
+        let source = match self.string(Field::Source)? {
+            None => None,
+            Some(s) => Some(Source::parse(&s).ok_or_else(|| {
+                DecodeError::new(
+                    RejectReason::UnknownSource,
+                    format!("unknown source {s:?}; expected coordinator, holder or resource"),
+                )
+            })?),
+        };
+        let lease_id = self.id(Field::LeaseId)?;
+        let holder_id = self.id(Field::HolderId)?;
+        let fencing_token = self.u64(Field::FencingToken)?;
+        let ttl_ms = match self.u64(Field::TtlMs)? {
+            None => None,
+            Some(0) => {
+                return Err(DecodeError::new(
+                    RejectReason::OutOfRange(Field::TtlMs),
+                    "ttl_ms must be positive, got 0",
+                ))
+            }
+            Some(v) => Some(i64::try_from(v).map_err(|_| {
+                DecodeError::new(
+                    RejectReason::OutOfRange(Field::TtlMs),
+                    format!("ttl_ms {v} is too large"),
+                )
+            })?),
+        };
+        let event_id = self.string(Field::EventId)?;
+        let backend = self.string(Field::Backend)?;
+        let latency_ms = self.non_negative(Field::LatencyMs)?;
+        let reason = self.string(Field::Reason)?;
+        let max_token = self.u64(Field::MaxToken)?;
+        let mono_ms = self.non_negative(Field::MonoMs)?;
+        let keepalive_sent_mono_ms = self.non_negative(Field::KeepaliveSentMonoMs)?;
+        let deadline_mono_ms = self.non_negative(Field::DeadlineMonoMs)?;
+        let trace_id = self.hex(Field::TraceId, 32)?;
+        let span_id = self.hex(Field::SpanId, 16)?;
+        let mut attrs = match self.attrs.take() {
+            None | Some(Attrs::Null) => Vec::new(),
+            Some(Attrs::Map(m)) => m,
+            Some(Attrs::Invalid(m)) => {
+                return Err(DecodeError::new(RejectReason::WrongType(Field::Attrs), m))
+            }
+        };
+
+        let missing = |f: Field| {
+            DecodeError::new(
+                RejectReason::MissingField(f),
+                format!("required field {f} is missing"),
+            )
+        };
+        let ts = ts.ok_or_else(|| missing(Field::Ts))?;
+        let kind = kind.ok_or_else(|| missing(Field::Kind))?;
+        let source = source.ok_or_else(|| missing(Field::Source))?;
+        let lease_id = lease_id.ok_or_else(|| missing(Field::LeaseId))?;
+        if holder_id.is_none() && !kind.holder_optional() {
+            return Err(missing(Field::HolderId));
+        }
+        if fencing_token.is_none() && kind.requires_fencing_token() {
+            return Err(missing(Field::FencingToken));
+        }
+        if ttl_ms.is_none() && kind == Kind::Acquired {
+            return Err(missing(Field::TtlMs));
+        }
+
+        // JSON objects may repeat a key; the last one wins as in most parsers,
+        // in `attrs` and among unknown top-level fields alike. Explicit attrs
+        // win over unknown top-level fields of the same name. Sort and merge
+        // rather than search, so many unknown fields cost n log n, not n^2.
+        sort_last_wins(&mut attrs);
+        if !self.extra.is_empty() {
+            let mut extra = std::mem::take(&mut self.extra);
+            sort_last_wins(&mut extra);
+            attrs = if attrs.is_empty() {
+                extra
+            } else {
+                merge_explicit_first(attrs, extra)
+            };
+        }
+
+        Ok(LeaseEvent {
+            ts_us: ts,
+            kind,
+            source,
+            lease_id,
+            holder_id,
+            fencing_token,
+            ttl_ms,
+            event_id,
+            backend,
+            latency_ms,
+            reason,
+            max_token,
+            mono_ms,
+            keepalive_sent_mono_ms,
+            deadline_mono_ms,
+            trace_id,
+            span_id,
+            attrs,
+        })
+    }
+}
+
+type Attr<'de> = (Cow<'de, str>, Cow<'de, str>);
+
+/// Sorts pairs by key and keeps the last value of a repeated key.
+fn sort_last_wins(pairs: &mut Vec<Attr<'_>>) {
+    if pairs.len() > 1 {
+        // Stable: equal keys stay in input order.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        // `dedup_by` drops the later of two equal keys; hand its value to
+        // the one kept first, so that the last value wins.
+        pairs.dedup_by(|later, kept| {
+            if later.0 == kept.0 {
+                std::mem::swap(&mut later.1, &mut kept.1);
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// Merges two key-sorted, key-unique lists; on a shared key `explicit` wins.
+fn merge_explicit_first<'de>(explicit: Vec<Attr<'de>>, extra: Vec<Attr<'de>>) -> Vec<Attr<'de>> {
+    let mut out = Vec::with_capacity(explicit.len() + extra.len());
+    let mut a = explicit.into_iter().peekable();
+    let mut b = extra.into_iter().peekable();
+    loop {
+        let take_a = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => match x.0.cmp(&y.0) {
+                std::cmp::Ordering::Less => true,
+                std::cmp::Ordering::Greater => false,
+                std::cmp::Ordering::Equal => {
+                    b.next();
+                    true
+                }
+            },
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        out.extend(if take_a { a.next() } else { b.next() });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_key_inverts_as_str() {
+        for f in Field::ALL {
+            assert_eq!(Field::from_key(f.as_str()), Some(f));
+        }
+        assert_eq!(Field::from_key("Ts"), None);
+        assert_eq!(Field::from_key(""), None);
+    }
+}

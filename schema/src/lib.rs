@@ -1,0 +1,23 @@
+//! The lease transition event of `shared/spec/lease-events.md`, version 1.
+//!
+//! What enters: the bytes of one message (a Kafka value, an NDJSON line).
+//! What leaves: a typed [`LeaseEvent`] or a [`DecodeError`] whose
+//! [`RejectReason`] is a stable code (`missing_field:lease_id`,
+//! `wrong_type:fencing_token`, ...), and Arrow batches for the two lake
+//! tables, `lease_events` ([`EVENTS_SCHEMA`], built by
+//! [`EventBatchBuilder`]) and `lease_rejects` ([`REJECTS_SCHEMA`], built by
+//! [`RejectBatchBuilder`]).
+//!
+//! This crate sits at the bottom of the workspace: ingest, the audit, query
+//! and alerts all agree on the event through it.
+
+mod arrow;
+mod decode;
+mod event;
+
+pub use crate::arrow::{
+    EventBatchBuilder, RejectBatchBuilder, EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+};
+pub use crate::decode::{decode, decode_str, DecodeError, Field, RejectReason, MAX_ID_BYTES};
+pub use crate::event::{Kind, LeaseEvent, Origin, Source};

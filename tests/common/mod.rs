@@ -1,0 +1,439 @@
+//! Shared harness of the end-to-end tests: a real Kafka-protocol broker
+//! (tansu), the real `leaseline` binary, and generated datasets.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process whose output goes to a log file; killed on drop, and
+/// its log printed if the test is failing.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Proc {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        cmd.stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .stdin(Stdio::null());
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        Proc {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+
+    /// SIGTERM, then wait for the exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.wait(timeout)
+    }
+
+    pub fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{} did not exit within {timeout:?}:\n{}",
+                    self.name,
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("----- log of {} -----\n{}", self.name, self.logs());
+        }
+    }
+}
+
+/// A tansu broker with in-memory storage on a free loopback port.
+pub struct Broker {
+    pub addr: String,
+    pub proc: Proc,
+}
+
+impl Broker {
+    pub fn start(dir: &Path) -> Broker {
+        let tansu = std::env::var("TANSU").unwrap_or_else(|_| "tansu".into());
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let mut cmd = Command::new(&tansu);
+        cmd.args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+            "--storage-engine",
+            "memory://tansu/",
+        ])
+        .env("RUST_LOG", "warn");
+        let proc = Proc::spawn("tansu", cmd, dir);
+        let addr = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(&addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "tansu did not listen on {addr} (is it installed? scripts/test.sh installs it):\n{}",
+                proc.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Broker { addr, proc }
+    }
+
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.addr)
+            .create()
+            .unwrap();
+        let res = admin
+            .create_topics(
+                &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .expect("create_topics");
+        for r in res {
+            r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
+        }
+    }
+
+    pub fn producer(&self) -> FutureProducer {
+        ClientConfig::new()
+            .set("bootstrap.servers", &self.addr)
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", "30000")
+            .create()
+            .unwrap()
+    }
+}
+
+/// Where a produced message landed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Landed {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// Produces messages (key, value) and returns where each landed, in order.
+pub async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    msgs: &[(String, Vec<u8>)],
+) -> Vec<Landed> {
+    use futures_like::join_all_chunked;
+    let landed = join_all_chunked(msgs, 2000, |(key, value)| {
+        let producer = producer.clone();
+        let topic = topic.to_string();
+        let key = key.clone();
+        let value = value.clone();
+        async move {
+            let rec = FutureRecord::to(&topic).key(&key).payload(&value);
+            let (partition, offset) = producer
+                .send(rec, Duration::from_secs(30))
+                .await
+                .map(|d| (d.partition, d.offset))
+                .map_err(|(e, _)| e)
+                .expect("produce");
+            Landed { partition, offset }
+        }
+    })
+    .await;
+    producer.flush(Duration::from_secs(30)).unwrap();
+    landed
+}
+
+mod futures_like {
+    use std::future::Future;
+
+    /// Runs futures in chunks so at most `chunk` are in flight.
+    pub async fn join_all_chunked<T, F, Fut, R>(items: &[T], chunk: usize, f: F) -> Vec<R>
+    where
+        F: Fn(&T) -> Fut,
+        Fut: Future<Output = R> + Send + 'static,
+        R: Send + 'static,
+    {
+        let mut out = Vec::with_capacity(items.len());
+        for c in items.chunks(chunk) {
+            let handles: Vec<_> = c.iter().map(|i| tokio::spawn(f(i))).collect();
+            for h in handles {
+                out.push(h.await.unwrap());
+            }
+        }
+        out
+    }
+}
+
+/// A generated mix of valid events, duplicates and malformed messages.
+pub struct Dataset {
+    /// (key, value) in production order.
+    pub messages: Vec<(String, Vec<u8>)>,
+    /// For each message: Some(reason) if malformed.
+    pub expected_reason: Vec<Option<String>>,
+    /// Canonical text of each unique valid event, by event_id.
+    pub unique: BTreeMap<String, String>,
+}
+
+/// The malformed messages of every reject reason, with the reason.
+pub fn malformed_samples() -> Vec<(Vec<u8>, &'static str)> {
+    let ok =
+        r#""ts":"2026-09-14T10:00:00Z","source":"coordinator","lease_id":"l/1","holder_id":"h""#;
+    vec![
+        (b"\xff\xfe not utf8".to_vec(), "invalid_utf8"),
+        (b"{\"ts\": ".to_vec(), "invalid_json"),
+        (b"".to_vec(), "invalid_json"),
+        (b"[1,2,3]".to_vec(), "not_an_object"),
+        (
+            br#"{"ts":"2026-09-14T10:00:00Z","kind":"acquired","source":"coordinator","holder_id":"h","fencing_token":1,"ttl_ms":5}"#.to_vec(),
+            "missing_field:lease_id",
+        ),
+        (format!(r#"{{{ok},"kind":"acquired","ttl_ms":5}}"#).into_bytes(), "missing_field:fencing_token"),
+        (format!(r#"{{{ok},"kind":"acquired","fencing_token":"7","ttl_ms":5}}"#).into_bytes(), "wrong_type:fencing_token"),
+        (format!(r#"{{{ok},"kind":"acquired","fencing_token":-7,"ttl_ms":5}}"#).into_bytes(), "out_of_range:fencing_token"),
+        (format!(r#"{{{ok},"kind":"acquired","fencing_token":7,"ttl_ms":0}}"#).into_bytes(), "out_of_range:ttl_ms"),
+        (format!(r#"{{{ok},"kind":"teleported"}}"#).into_bytes(), "unknown_kind"),
+        (
+            br#"{"ts":"2026-09-14T10:00:00Z","kind":"released","source":"oracle","lease_id":"l","holder_id":"h","fencing_token":1}"#.to_vec(),
+            "unknown_source",
+        ),
+        (
+            br#"{"ts":"14/09/2026","kind":"released","source":"holder","lease_id":"l","holder_id":"h","fencing_token":1}"#.to_vec(),
+            "bad_timestamp",
+        ),
+        (format!(r#"{{{ok},"kind":"released","fencing_token":1,"trace_id":"ABC"}}"#).into_bytes(), "bad_format:trace_id"),
+    ]
+}
+
+const KINDS: [&str; 6] = [
+    "acquired",
+    "renewed",
+    "released",
+    "write_accepted",
+    "renew_failed",
+    "expired",
+];
+
+impl Dataset {
+    /// `n` messages in all: about 90 % valid unique events, 5 % re-sent
+    /// duplicates, 5 % malformed messages cycling through every reason.
+    pub fn generate(n: usize, seed: u64) -> Dataset {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let bad = malformed_samples();
+        let mut messages = Vec::with_capacity(n);
+        let mut expected_reason = Vec::with_capacity(n);
+        let mut unique = BTreeMap::new();
+        let mut sent: Vec<usize> = Vec::new();
+        let mut bad_i = 0;
+        for i in 0..n {
+            let roll: f64 = rng.random();
+            if roll < 0.05 && !sent.is_empty() {
+                let j = sent[rng.random_range(0..sent.len())];
+                let (k, v) = messages[j].clone();
+                messages.push((k, v));
+                expected_reason.push(None);
+            } else if roll < 0.10 {
+                let (raw, reason) = &bad[bad_i % bad.len()];
+                bad_i += 1;
+                messages.push((format!("bad-{i}"), raw.clone()));
+                expected_reason.push(Some(reason.to_string()));
+            } else {
+                let lease = format!("orders/order-{}", rng.random_range(0..500));
+                let kind = KINDS[rng.random_range(0..KINDS.len())];
+                let token: u64 = rng.random_range(1..1_000_000);
+                let ts_ms: i64 = 1_789_380_000_000 + (i as i64) * 7;
+                let id = format!("ev-{seed}-{i}");
+                let mut v = serde_json::json!({
+                    "ts": ts_ms,
+                    "kind": kind,
+                    "source": "coordinator",
+                    "lease_id": lease,
+                    "holder_id": format!("worker-{}", rng.random_range(0..50)),
+                    "fencing_token": token,
+                    "backend": "etcd",
+                    "event_id": id,
+                });
+                if kind == "acquired" {
+                    v["ttl_ms"] = serde_json::json!(10_000);
+                }
+                let canon = canonical(&id, ts_ms * 1000, kind, &lease, token);
+                unique.insert(id, canon);
+                messages.push((lease, serde_json::to_vec(&v).unwrap()));
+                expected_reason.push(None);
+                sent.push(messages.len() - 1);
+            }
+        }
+        Dataset {
+            messages,
+            expected_reason,
+            unique,
+        }
+    }
+
+    pub fn checksum(&self) -> u64 {
+        checksum(self.unique.values().cloned().collect())
+    }
+
+    pub fn malformed(&self) -> usize {
+        self.expected_reason.iter().filter(|r| r.is_some()).count()
+    }
+}
+
+pub fn canonical(id: &str, ts_us: i64, kind: &str, lease: &str, token: u64) -> String {
+    format!("{id}|{ts_us}|{kind}|{lease}|{token}")
+}
+
+pub fn checksum(mut rows: Vec<String>) -> u64 {
+    rows.sort();
+    xxhash_rust::xxh3::xxh3_64(rows.join("\n").as_bytes())
+}
+
+/// The `leaseline` binary under test.
+pub fn leaseline() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_leaseline"))
+}
+
+/// Runs `leaseline sql` and returns stdout, panicking with stderr on failure.
+pub fn sql(lake: &Path, query: &str, format: &str) -> String {
+    let out = leaseline()
+        .args(["sql", "--lake"])
+        .arg(lake)
+        .args(["--format", format, query])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "leaseline sql {query:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `SELECT count(*)` of a table, as a number.
+pub fn count(lake: &Path, table: &str) -> usize {
+    let out = sql(lake, &format!("SELECT count(*) AS n FROM {table}"), "csv");
+    out.lines().nth(1).unwrap_or("0").trim().parse().unwrap()
+}
+
+/// Canonical rows of `lease_events`, for the checksum.
+pub fn lake_events(lake: &Path) -> Vec<String> {
+    let out = sql(
+        lake,
+        "SELECT event_id, CAST(ts AS BIGINT) AS ts_us, kind, lease_id, fencing_token FROM lease_events",
+        "csv",
+    );
+    out.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            canonical(
+                f[0],
+                f[1].parse().unwrap(),
+                f[2],
+                f[3],
+                f[4].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// (partition, offset, reason) of every row of `lease_rejects` from `topic`.
+pub fn lake_rejects(lake: &Path, topic: &str) -> Vec<(i32, i64, String)> {
+    let out = sql(
+        lake,
+        &format!(
+            "SELECT kafka_partition, kafka_offset, reason FROM lease_rejects WHERE kafka_topic = '{topic}'"
+        ),
+        "csv",
+    );
+    let mut v: Vec<(i32, i64, String)> = out
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.splitn(3, ',').collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].to_string(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Polls until `f` returns true or the timeout passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    false
+}
+
+pub fn read_to_string(mut r: impl Read) -> String {
+    let mut s = String::new();
+    r.read_to_string(&mut s).unwrap();
+    s
+}

@@ -1,0 +1,229 @@
+//! NDJSON import, `leaseline sql` output formats, compaction, and reading
+//! the lake back with another engine (DuckDB).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+fn import(lake: &Path, files: &[&Path], extra: &[&str]) -> String {
+    let out = leaseline()
+        .args(["import", "--lake"])
+        .arg(lake)
+        .args(extra)
+        .args(files)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "import failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn sample() -> &'static Path {
+    Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../samples/lease-events.ndjson"
+    ))
+}
+
+fn duckdb_count(lake: &Path, table: &str) -> usize {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/lake_count.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(lake)
+        .arg(table)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "DuckDB could not read the lake (scripts/test.sh installs duckdb):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn import_sample_keeps_rejects_with_their_lines_and_dedups() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let summary = import(&lake, &[sample()], &[]);
+    // 83 lines: 78 unique events, 1 duplicate, 4 malformed.
+    assert!(
+        summary.contains("imported 83 lines: 78 events, 1 duplicates, 4 rejects"),
+        "{summary}"
+    );
+    assert_eq!(count(&lake, "lease_events"), 78);
+    let rejects = sql(
+        &lake,
+        "SELECT file_line, reason FROM lease_rejects ORDER BY file_line",
+        "csv",
+    );
+    assert_eq!(
+        rejects,
+        "file_line,reason\n80,missing_field:fencing_token\n81,unknown_kind\n82,bad_timestamp\n83,invalid_json\n"
+    );
+    // The raw bytes are kept as they came, for replay after a fix.
+    let raw = sql(
+        &lake,
+        "SELECT arrow_cast(raw, 'Utf8') AS raw FROM lease_rejects WHERE file_line = 83",
+        "csv",
+    );
+    assert_eq!(raw, "raw\nnot json at all\n");
+
+    // Importing the same file again adds no event (every line has an
+    // event_id) but keeps the rejects a second time with their origin.
+    let again = import(&lake, &[sample()], &[]);
+    assert!(
+        again.contains("0 events, 79 duplicates, 4 rejects"),
+        "{again}"
+    );
+    assert_eq!(count(&lake, "lease_events"), 78);
+}
+
+#[test]
+fn sql_answers_in_table_csv_json_and_ndjson() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    import(&lake, &[sample()], &[]);
+    let q = "SELECT lease_id, fencing_token, kind FROM lease_events WHERE lease_id = 'orders/order-123' ORDER BY ts LIMIT 2";
+    let table = sql(&lake, q, "table");
+    assert!(
+        table.contains("| lease_id         | fencing_token | kind     |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| orders/order-123 | 33            | acquired |"),
+        "{table}"
+    );
+    assert_eq!(
+        sql(&lake, q, "csv"),
+        "lease_id,fencing_token,kind\norders/order-123,33,acquired\norders/order-123,33,renewed\n"
+    );
+    let json: serde_json::Value = serde_json::from_str(&sql(&lake, q, "json")).unwrap();
+    assert_eq!(json[0]["fencing_token"], 33);
+    assert_eq!(json[1]["kind"], "renewed");
+    let nd = sql(&lake, q, "ndjson");
+    assert_eq!(nd.lines().count(), 2);
+
+    // A bad query is a clear error, and writes are refused.
+    for bad in [
+        "SELECT nope FROM lease_events",
+        "CREATE TABLE x AS SELECT 1",
+        "INSERT INTO lease_events SELECT * FROM lease_events",
+        "COPY lease_events TO '/tmp/x.parquet'",
+        "DROP TABLE lease_events",
+    ] {
+        let out = leaseline()
+            .args(["sql", "--lake"])
+            .arg(&lake)
+            .arg(bad)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("error: "), "{bad}: {err}");
+    }
+    assert_eq!(count(&lake, "lease_events"), 78);
+}
+
+#[test]
+fn duckdb_reads_the_same_rows_before_and_after_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    // Many small files: a flush every 10 lines.
+    let file = dir.path().join("big.ndjson");
+    let mut text = String::new();
+    for i in 0..2000 {
+        text.push_str(&format!(
+            "{{\"ts\":{},\"kind\":\"renewed\",\"source\":\"holder\",\"lease_id\":\"l/{}\",\"holder_id\":\"h\",\"fencing_token\":{},\"event_id\":\"e{i}\"}}\n",
+            1_789_380_000_000i64 + i * 1000,
+            i % 7,
+            i
+        ));
+    }
+    std::fs::write(&file, text).unwrap();
+    import(&lake, &[&file], &["--flush-max-rows", "100"]);
+    let files_before = sql(
+        &lake,
+        "SELECT count(DISTINCT file_line) FROM lease_events",
+        "csv",
+    );
+    assert!(files_before.contains("2000"));
+    assert_eq!(count(&lake, "lease_events"), 2000);
+    assert_eq!(duckdb_count(&lake, "lease_events"), 2000);
+    let manifest_files = |lake: &Path| {
+        let dir = lake.join("lease_events");
+        walk(&dir).len()
+    };
+    assert!(manifest_files(&lake) >= 20);
+
+    // Readers query while compaction runs; each sees every row once.
+    let lake2 = lake.clone();
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for _ in 0..15 {
+            seen.push(count(&lake2, "lease_events"));
+        }
+        seen
+    });
+    let out = leaseline()
+        .args(["compact", "--lake"])
+        .arg(&lake)
+        .args(["--target-file-bytes", "64MiB"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        report.starts_with("merged 20 files into 1 (2000 rows)"),
+        "{report}"
+    );
+    for n in reader.join().unwrap() {
+        assert_eq!(
+            n, 2000,
+            "a reader saw a partial or doubled lake during compaction"
+        );
+    }
+    assert_eq!(count(&lake, "lease_events"), 2000);
+    assert_eq!(duckdb_count(&lake, "lease_events"), 2000);
+
+    // With no retention the replaced files are deleted; the counts hold.
+    let out = leaseline()
+        .args(["compact", "--lake"])
+        .arg(&lake)
+        .args(["--retention", "0s"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(manifest_files(&lake), 1);
+    assert_eq!(count(&lake, "lease_events"), 2000);
+    assert_eq!(duckdb_count(&lake, "lease_events"), 2000);
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,199 @@
+//! Ingest against a real Kafka-protocol broker: exactly once, nothing lost,
+//! through crashes and rebalances.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use rand::{Rng, SeedableRng};
+
+const MESSAGES: usize = 100_000;
+
+/// The tests each run a broker, ingesters and 100,000 messages; on a
+/// 2-core machine they are faster one after another than interleaved.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn ingest_cmd(broker: &Broker, lake: &Path, topic: &str, group: &str) -> Command {
+    let mut cmd = leaseline();
+    cmd.args(["ingest", "--lake"])
+        .arg(lake)
+        .args([
+            "--brokers",
+            &broker.addr,
+            "--topic",
+            topic,
+            "--group-id",
+            group,
+        ])
+        .args(["--flush-max-rows", "7000", "--flush-interval", "500ms"])
+        // A restarted or stopped member must hand its partitions on fast.
+        .args([
+            "--kafka-property",
+            "session.timeout.ms=6000",
+            "--kafka-property",
+            "heartbeat.interval.ms=500",
+        ])
+        .arg("--no-compaction")
+        .env("LEASELINE_LOG", "info,leaseline_ingest=debug");
+    cmd
+}
+
+/// Checks that the lake holds exactly the dataset: every unique valid
+/// event once (count and content checksum) and every malformed message
+/// with its reason, partition and offset.
+fn assert_exact(lake: &Path, topic: &str, data: &Dataset, landed: &[Landed]) {
+    let events = lake_events(lake);
+    assert_eq!(events.len(), data.unique.len(), "lease_events row count");
+    assert_eq!(
+        checksum(events),
+        data.checksum(),
+        "lease_events content checksum"
+    );
+
+    let mut expected: Vec<(i32, i64, String)> = data
+        .expected_reason
+        .iter()
+        .zip(landed)
+        .filter_map(|(r, l)| r.clone().map(|r| (l.partition, l.offset, r)))
+        .collect();
+    expected.sort();
+    let got = lake_rejects(lake, topic);
+    assert_eq!(got.len(), expected.len(), "lease_rejects row count");
+    assert_eq!(got, expected, "lease_rejects reasons and origins");
+}
+
+fn caught_up(lake: &Path, data: &Dataset) -> bool {
+    count(lake, "lease_events") >= data.unique.len()
+        && count(lake, "lease_rejects") >= data.malformed()
+}
+
+async fn setup(topic: &str, seed: u64) -> (tempfile::TempDir, Broker, Dataset, Vec<Landed>) {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic(topic, 3).await;
+    let data = Dataset::generate(MESSAGES, seed);
+    let landed = produce(&broker.producer(), topic, &data.messages).await;
+    let partitions: std::collections::BTreeSet<i32> = landed.iter().map(|l| l.partition).collect();
+    assert_eq!(partitions.len(), 3, "messages spread over 3 partitions");
+    (dir, broker, data, landed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_with_rejects_and_duplicates() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (dir, broker, data, landed) = setup("leases", 1).await;
+    let lake = dir.path().join("lake");
+    let mut ingest = Proc::spawn(
+        "ingest",
+        ingest_cmd(&broker, &lake, "leases", "g1"),
+        dir.path(),
+    );
+    assert!(
+        wait_until(Duration::from_secs(180), || caught_up(&lake, &data)),
+        "ingest did not catch up:\n{}",
+        ingest.logs()
+    );
+    // A clean stop: exit 0, and nothing more is written after.
+    let status = ingest.terminate(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "ingest exit status {status:?}:\n{}",
+        ingest.logs()
+    );
+    assert_exact(&lake, "leases", &data, &landed);
+
+    // Restarting on a caught-up lake adds nothing.
+    let mut again = Proc::spawn(
+        "ingest-again",
+        ingest_cmd(&broker, &lake, "leases", "g1"),
+        dir.path(),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(again.terminate(Duration::from_secs(30)).success());
+    assert_exact(&lake, "leases", &data, &landed);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (dir, broker, data, landed) = setup("leases", 2).await;
+    let lake = dir.path().join("lake");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let mut kills = 0;
+    for round in 0..6 {
+        let mut p = Proc::spawn(
+            &format!("ingest-{round}"),
+            ingest_cmd(&broker, &lake, "leases", "crashy"),
+            dir.path(),
+        );
+        // Let it get somewhere, then kill it without warning.
+        let ms = rng.random_range(1500..5000);
+        std::thread::sleep(Duration::from_millis(ms));
+        if caught_up(&lake, &data) {
+            p.kill9();
+            kills += 1;
+            break;
+        }
+        p.kill9();
+        kills += 1;
+    }
+    assert!(
+        kills >= 5 || caught_up(&lake, &data),
+        "killed {kills} times"
+    );
+    let mut last = Proc::spawn(
+        "ingest-final",
+        ingest_cmd(&broker, &lake, "leases", "crashy"),
+        dir.path(),
+    );
+    assert!(
+        wait_until(Duration::from_secs(180), || caught_up(&lake, &data)),
+        "ingest did not catch up after crashes:\n{}",
+        last.logs()
+    );
+    assert!(last.terminate(Duration::from_secs(30)).success());
+    assert_exact(&lake, "leases", &data, &landed);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_ingesters_split_partitions_and_take_over() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (dir, broker, data, landed) = setup("leases", 3).await;
+    let lake = dir.path().join("lake");
+    let mut a = Proc::spawn(
+        "ingest-a",
+        ingest_cmd(&broker, &lake, "leases", "pair"),
+        dir.path(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let mut b = Proc::spawn(
+        "ingest-b",
+        ingest_cmd(&broker, &lake, "leases", "pair"),
+        dir.path(),
+    );
+    // Both members must own partitions at some point.
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            b.logs().contains("assigned partitions=[(")
+        }),
+        "b never got partitions:\n{}",
+        b.logs()
+    );
+    // Stop a mid-way; b takes over its partitions.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        a.terminate(Duration::from_secs(30)).success(),
+        "{}",
+        a.logs()
+    );
+    assert!(
+        wait_until(Duration::from_secs(180), || caught_up(&lake, &data)),
+        "b did not take over:\n{}",
+        b.logs()
+    );
+    assert!(b.terminate(Duration::from_secs(30)).success());
+    assert_exact(&lake, "leases", &data, &landed);
+}
