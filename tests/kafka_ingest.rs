@@ -191,7 +191,12 @@ async fn two_ingesters_split_partitions_and_take_over() {
     );
     assert!(
         wait_until(Duration::from_secs(180), || caught_up(&lake, &data)),
-        "b did not take over:\n{}",
+        "b did not take over: {} of {} events, {} of {} rejects in the lake; by partition:\n{}\n{}",
+        count(&lake, "lease_events"),
+        data.unique.len(),
+        count(&lake, "lease_rejects"),
+        data.malformed(),
+        sql(&lake, "SELECT kafka_partition, count(*), min(kafka_offset), max(kafka_offset) FROM (SELECT kafka_partition, kafka_offset FROM lease_events UNION ALL SELECT kafka_partition, kafka_offset FROM lease_rejects) GROUP BY 1 ORDER BY 1", "table"),
         b.logs()
     );
     assert!(b.terminate(Duration::from_secs(30)).success());

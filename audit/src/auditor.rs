@@ -4,10 +4,14 @@ use leaseline_schema::LeaseEvent;
 
 use crate::config::{AuditConfig, Tolerances};
 use crate::grant::{Grant, LeaseHolder, Scratch};
+use crate::ids::EventIds;
 use crate::intern::{Interner, Sym, NONE};
 use crate::lease::{LeaseAudit, LeaseState};
 use crate::record::{canonical_cmp, Ev};
 use crate::violation::{Violation, ViolationChanges};
+
+/// Events logged before they are filed under their leases.
+const LOG_BATCH: usize = 4096;
 
 /// Where the event kept for an `event_id` lives.
 #[derive(Clone, Copy)]
@@ -28,9 +32,14 @@ pub struct Auditor {
     leases: Interner,
     states: Vec<LeaseState>,
     strings: Interner,
-    ids: Interner,
+    ids: EventIds,
     /// Per `event_id` symbol.
     id_info: Vec<IdInfo>,
+    /// Events pushed since the last read, not yet filed under their lease.
+    /// A push only appends here: filing each event into its lease at once
+    /// would touch a different lease's memory on every push, which costs
+    /// more than all the rest of a push.
+    log: Vec<Ev>,
     events: usize,
     latest: Option<i64>,
     /// Leases to recompute before the next read.
@@ -56,8 +65,9 @@ impl Auditor {
             leases: Interner::default(),
             states: Vec::new(),
             strings: Interner::default(),
-            ids: Interner::default(),
+            ids: EventIds::default(),
             id_info: Vec::new(),
+            log: Vec::new(),
             events: 0,
             latest: None,
             dirty: Vec::new(),
@@ -98,29 +108,49 @@ impl Auditor {
                 .push(LeaseState::new(self.leases.get(lease).clone()));
         }
         let Some(id) = event.event_id.as_deref() else {
-            let ev = Ev::new(event, &mut self.strings, NONE);
-            self.insert(lease, ev);
+            let ev = Ev::new(event, lease, &mut self.strings, NONE);
+            self.append(ev);
             return true;
         };
         let (sym, new_id) = self.ids.intern(id);
-        let ev = Ev::new(event, &mut self.strings, sym);
-        let fingerprint = ev.fingerprint(lease, self.strings.hasher());
+        let ev = Ev::new(event, lease, &mut self.strings, sym);
+        let fingerprint = ev.fingerprint(self.strings.hasher());
         if new_id {
             self.id_info.push(IdInfo { lease, fingerprint });
-            self.insert(lease, ev);
+            self.append(ev);
             return true;
         }
         if self.id_info[sym as usize].fingerprint != fingerprint {
-            self.resolve_conflict(sym, lease, ev, fingerprint);
+            self.resolve_conflict(sym, ev, fingerprint);
         }
         false
     }
 
-    fn insert(&mut self, lease: Sym, ev: Ev) {
+    fn append(&mut self, ev: Ev) {
         self.latest = Some(self.latest.map_or(ev.ts, |l| l.max(ev.ts)));
         self.events += 1;
-        self.states[lease as usize].push(ev);
-        self.touch(lease);
+        self.log.push(ev);
+        // Filed in batches small enough to stay in cache.
+        if self.log.len() >= LOG_BATCH {
+            self.file_log();
+        }
+    }
+
+    /// Files the logged events under their leases, marking those leases for
+    /// recompute and for the next `drain_changes`.
+    fn file_log(&mut self) {
+        for ev in self.log.drain(..) {
+            let state = &mut self.states[ev.lease as usize];
+            state.push(ev);
+            if !state.dirty {
+                state.dirty = true;
+                self.dirty.push(ev.lease);
+            }
+            if !state.undrained {
+                state.undrained = true;
+                self.undrained.push(ev.lease);
+            }
+        }
     }
 
     fn touch(&mut self, lease: Sym) {
@@ -137,7 +167,8 @@ impl Auditor {
 
     /// Two different events with one `event_id`: keep the canonically
     /// smaller.
-    fn resolve_conflict(&mut self, sym: Sym, lease: Sym, ev: Ev, fingerprint: u64) {
+    fn resolve_conflict(&mut self, sym: Sym, ev: Ev, fingerprint: u64) {
+        self.file_log();
         let old_lease = self.id_info[sym as usize].lease;
         let old_state = &self.states[old_lease as usize];
         let Some(pos) = old_state.events.iter().position(|e| e.event_id == sym) else {
@@ -146,7 +177,7 @@ impl Auditor {
         let old = &old_state.events[pos];
         let order = self
             .leases
-            .get(lease)
+            .get(ev.lease)
             .cmp(self.leases.get(old_lease))
             .then_with(|| canonical_cmp(&ev, old, &self.strings, &self.ids));
         if order.is_ge() {
@@ -155,9 +186,13 @@ impl Auditor {
         let old = self.states[old_lease as usize].remove(pos);
         self.events -= 1;
         self.touch(old_lease);
-        self.id_info[sym as usize] = IdInfo { lease, fingerprint };
-        self.insert(lease, ev);
+        self.id_info[sym as usize] = IdInfo {
+            lease: ev.lease,
+            fingerprint,
+        };
+        self.append(ev);
         if Some(old.ts) == self.latest {
+            self.file_log();
             self.latest = self
                 .states
                 .iter()
@@ -169,6 +204,7 @@ impl Auditor {
 
     /// Recomputes every lease whose events changed.
     fn refresh(&mut self) {
+        self.file_log();
         for lease in std::mem::take(&mut self.dirty) {
             self.recompute(lease);
         }
@@ -233,6 +269,7 @@ impl Auditor {
     /// One lease's grants and violations; `None` when no event names it.
     pub fn lease(&mut self, lease_id: &str) -> Option<LeaseAudit> {
         let lease = self.leases.find(lease_id)?;
+        self.file_log();
         self.recompute(lease);
         let latest = self.latest.unwrap_or(i64::MIN);
         let state = &self.states[lease as usize];
@@ -261,6 +298,7 @@ impl Auditor {
     /// events pushed before this call and before the previous one. Only
     /// leases with new events are compared, so a call costs what changed.
     pub fn drain_changes(&mut self) -> ViolationChanges {
+        self.file_log();
         let mut changes = ViolationChanges::default();
         for lease in std::mem::take(&mut self.undrained) {
             self.recompute(lease);

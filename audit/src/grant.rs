@@ -254,7 +254,7 @@ impl Scratch {
         self.writes.clear();
 
         for (i, ev) in events.iter().enumerate() {
-            let (Kind::Acquired, Some(token)) = (ev.kind, ev.token) else {
+            let (Kind::Acquired, Some(token)) = (ev.kind, ev.token()) else {
                 continue;
             };
             match self.by_token.get(&token) {
@@ -287,13 +287,13 @@ impl Scratch {
         }
 
         for (i, ev) in events.iter().enumerate() {
-            let g = self.grant_of_token(ev.token);
+            let g = self.grant_of_token(ev.token());
             let src = ev.source as usize;
             match ev.kind {
                 Kind::Acquired | Kind::Renewed => {
                     let Some(g) = g else { continue };
                     let w = &mut self.works[g];
-                    let ttl = ev.ttl_ms.or(w.ttl);
+                    let ttl = ev.ttl_ms().or(w.ttl);
                     w.ttl = ttl;
                     if w.backend == NONE {
                         w.backend = ev.backend;
@@ -301,10 +301,10 @@ impl Scratch {
                     if w.trace == NONE {
                         w.trace = ev.trace;
                     }
-                    if ev.source == Source::Holder && !ev.keepalive_sent_mono_ms.is_nan() {
+                    if ev.source == Source::Holder && !ev.keepalive_sent_mono_ms().is_nan() {
                         self.keepalives.push(Keepalive {
                             grant: g as u32,
-                            sent_mono_ms: ev.keepalive_sent_mono_ms,
+                            sent_mono_ms: ev.keepalive_sent_mono_ms(),
                             ttl_ms: ttl,
                             event: i as u32,
                         });
@@ -350,7 +350,7 @@ impl Scratch {
                     if let Some(g) = g {
                         self.works[g].writes_accepted += 1;
                     }
-                    if ev.token.is_some() {
+                    if ev.token().is_some() {
                         self.writes.push(i as u32);
                     }
                 }

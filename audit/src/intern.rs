@@ -3,7 +3,9 @@
 //! Events repeat the same few holder ids, backends and lease ids millions of
 //! times; storing a `u32` per event instead of a `String` keeps a push free of
 //! allocation once a string has been seen, and hands out `Arc<str>` so the
-//! derived rows clone cheaply.
+//! derived rows clone cheaply. Lookups compare against a copy of the strings
+//! kept back to back in one arena, so the strings a push compares with stay
+//! in cache instead of being scattered over the heap.
 //!
 //! Symbol numbers depend on arrival order, so they are handles only: nothing
 //! that decides an audit result may order by them (see `record::canonical_cmp`).
@@ -22,23 +24,32 @@ pub(crate) const NONE: Sym = u32::MAX;
 #[derive(Default)]
 pub(crate) struct Interner {
     table: HashTable<Sym>,
+    arena: String,
+    /// End offset of each symbol's string in `arena`.
+    ends: Vec<usize>,
     strings: Vec<Arc<str>>,
     hasher: DefaultHashBuilder,
+}
+
+fn text<'a>(arena: &'a str, ends: &[usize], sym: Sym) -> &'a str {
+    let i = sym as usize;
+    let start = if i == 0 { 0 } else { ends[i - 1] };
+    &arena[start..ends[i]]
 }
 
 impl Interner {
     pub fn find(&self, s: &str) -> Option<Sym> {
         let hash = self.hasher.hash_one(s);
         self.table
-            .find(hash, |&sym| &*self.strings[sym as usize] == s)
+            .find(hash, |&sym| text(&self.arena, &self.ends, sym) == s)
             .copied()
     }
 
     /// The symbol of `s`, and whether it was new.
     pub fn intern(&mut self, s: &str) -> (Sym, bool) {
         let hash = self.hasher.hash_one(s);
-        let strings = &self.strings;
-        if let Some(&sym) = self.table.find(hash, |&sym| &*strings[sym as usize] == s) {
+        let (arena, ends) = (&self.arena, &self.ends);
+        if let Some(&sym) = self.table.find(hash, |&sym| text(arena, ends, sym) == s) {
             return (sym, false);
         }
         let sym = Sym::try_from(self.strings.len())
@@ -46,9 +57,11 @@ impl Interner {
             .filter(|&s| s != NONE)
             .expect("more than 4 billion distinct strings");
         self.strings.push(Arc::from(s));
-        let (strings, hasher) = (&self.strings, &self.hasher);
+        self.arena.push_str(s);
+        self.ends.push(self.arena.len());
+        let (arena, ends, hasher) = (&self.arena, &self.ends, &self.hasher);
         self.table
-            .insert_unique(hash, sym, |&k| hasher.hash_one(&*strings[k as usize]));
+            .insert_unique(hash, sym, |&k| hasher.hash_one(text(arena, ends, k)));
         (sym, true)
     }
 

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::config::Tolerances;
 use crate::grant::{CachedGrant, Grant, Scratch};
+use crate::ids::EventIds;
 use crate::intern::Interner;
 use crate::record::{canonical_cmp, Ev};
 use crate::violation::{Detect, Violation};
@@ -69,7 +70,7 @@ impl LeaseState {
     pub fn recompute(
         &mut self,
         strings: &Interner,
-        ids: &Interner,
+        ids: &EventIds,
         tol: Tolerances,
         scratch: &mut Scratch,
     ) {
@@ -92,7 +93,7 @@ impl LeaseState {
     /// Streams mostly append in time order, so sorting the new tail and
     /// checking that it follows the sorted part makes the common recompute
     /// linear; only a late arrival pays for a merge.
-    fn sort(&mut self, strings: &Interner, ids: &Interner) {
+    fn sort(&mut self, strings: &Interner, ids: &EventIds) {
         let cmp = |a: &Ev, b: &Ev| canonical_cmp(a, b, strings, ids);
         let (sorted, tail) = self.events.split_at_mut(self.sorted_len);
         tail.sort_unstable_by(cmp);

@@ -96,6 +96,7 @@
 mod auditor;
 mod config;
 mod grant;
+mod ids;
 mod intern;
 mod lease;
 mod record;

@@ -6,49 +6,93 @@ use std::hash::BuildHasher;
 
 use leaseline_schema::{Kind, LeaseEvent, Source};
 
+use crate::ids::EventIds;
 use crate::intern::{Interner, Sym, NONE};
 
-/// One de-duplicated event of a lease, with only the fields the audit reads.
+/// One de-duplicated event, with only the fields the audit reads, in one
+/// cache line: pushes and recomputes are bound by memory traffic.
+///
 /// Fields the audit never reads (latency, reason, max_token, span, attrs)
 /// are dropped, so two events that differ only there are indistinguishable
-/// here, which is what makes the order below total in effect.
+/// here, which is what makes the canonical order total in effect.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ev {
     pub ts: i64,
-    pub token: Option<u64>,
-    pub ttl_ms: Option<i64>,
-    /// Holder monotonic clock readings; NaN when absent, which keeps the
-    /// record small and still totally ordered by `f64::total_cmp`.
+    token: u64,
+    /// `i64::MIN` when absent (the contract's TTL is positive).
+    ttl_ms: i64,
+    /// The holder's monotonic clock when it happened; NaN when absent, which
+    /// keeps the record small and still totally ordered by `total_cmp`.
     pub mono_ms: f64,
-    pub keepalive_sent_mono_ms: f64,
-    pub deadline_mono_ms: f64,
+    /// `keepalive_sent_mono_ms` on `acquired` and `renewed`, else
+    /// `deadline_mono_ms`: the contract sends each only on those kinds, and
+    /// the audit reads each only there.
+    aux_mono_ms: f64,
     pub holder: Sym,
     pub backend: Sym,
     pub trace: Sym,
     pub event_id: Sym,
+    pub lease: Sym,
     pub kind: Kind,
     pub source: Source,
+    has_token: bool,
 }
 
 fn mono(v: Option<f64>) -> f64 {
     v.filter(|v| !v.is_nan()).unwrap_or(f64::NAN)
 }
 
+fn carries_keepalive(kind: Kind) -> bool {
+    matches!(kind, Kind::Acquired | Kind::Renewed)
+}
+
 impl Ev {
-    pub fn new(e: &LeaseEvent<'_>, strings: &mut Interner, event_id: Sym) -> Ev {
+    pub fn new(e: &LeaseEvent<'_>, lease: Sym, strings: &mut Interner, event_id: Sym) -> Ev {
+        let aux = if carries_keepalive(e.kind) {
+            e.keepalive_sent_mono_ms
+        } else {
+            e.deadline_mono_ms
+        };
         Ev {
             ts: e.ts_us,
-            token: e.fencing_token,
-            ttl_ms: e.ttl_ms,
+            token: e.fencing_token.unwrap_or(0),
+            has_token: e.fencing_token.is_some(),
+            ttl_ms: e.ttl_ms.unwrap_or(i64::MIN),
             mono_ms: mono(e.mono_ms),
-            keepalive_sent_mono_ms: mono(e.keepalive_sent_mono_ms),
-            deadline_mono_ms: mono(e.deadline_mono_ms),
+            aux_mono_ms: mono(aux),
             holder: strings.intern_opt(e.holder_id.as_deref()),
             backend: strings.intern_opt(e.backend.as_deref()),
             trace: strings.intern_opt(e.trace_id.as_deref()),
             event_id,
+            lease,
             kind: e.kind,
             source: e.source,
+        }
+    }
+
+    pub fn token(&self) -> Option<u64> {
+        self.has_token.then_some(self.token)
+    }
+
+    pub fn ttl_ms(&self) -> Option<i64> {
+        (self.ttl_ms != i64::MIN).then_some(self.ttl_ms)
+    }
+
+    /// NaN when absent.
+    pub fn keepalive_sent_mono_ms(&self) -> f64 {
+        if carries_keepalive(self.kind) {
+            self.aux_mono_ms
+        } else {
+            f64::NAN
+        }
+    }
+
+    /// NaN when absent.
+    pub fn deadline_mono_ms(&self) -> f64 {
+        if carries_keepalive(self.kind) {
+            f64::NAN
+        } else {
+            self.aux_mono_ms
         }
     }
 
@@ -64,18 +108,12 @@ impl Ev {
     /// A fingerprint of the stored content within one auditor (symbols are
     /// stable there), so an exact retry is recognised without finding the
     /// first copy.
-    pub fn fingerprint(&self, lease: Sym, hasher: &impl BuildHasher) -> u64 {
+    pub fn fingerprint(&self, hasher: &impl BuildHasher) -> u64 {
         hasher.hash_one((
-            lease,
-            self.ts,
-            self.token,
-            self.ttl_ms,
-            self.mono_ms.to_bits(),
-            self.keepalive_sent_mono_ms.to_bits(),
-            self.deadline_mono_ms.to_bits(),
+            (self.lease, self.ts, self.token, self.has_token, self.ttl_ms),
+            (self.mono_ms.to_bits(), self.aux_mono_ms.to_bits()),
             (self.holder, self.backend, self.trace),
-            kind_rank(self.kind),
-            self.source as u8,
+            (kind_rank(self.kind), self.source as u8),
         ))
     }
 }
@@ -130,34 +168,45 @@ pub(crate) fn kind_rank(kind: Kind) -> u8 {
     }
 }
 
-fn cmp_sym(strings: &Interner, a: Sym, b: Sym) -> Ordering {
-    if a == b {
-        return Ordering::Equal;
-    }
-    match (strings.get_opt(a), strings.get_opt(b)) {
+fn cmp_opt(a: Option<&str>, b: Option<&str>) -> Ordering {
+    match (a, b) {
+        (None, None) => Ordering::Equal,
         (None, _) => Ordering::Less,
         (_, None) => Ordering::Greater,
         (Some(a), Some(b)) => a.cmp(b),
     }
 }
 
+fn cmp_sym(strings: &Interner, a: Sym, b: Sym) -> Ordering {
+    if a == b {
+        return Ordering::Equal;
+    }
+    cmp_opt(
+        strings.get_opt(a).map(|s| &**s),
+        strings.get_opt(b).map(|s| &**s),
+    )
+}
+
 /// The order of a lease's events: by timestamp, then by content only, never
 /// by arrival, so every derivation sees the same sequence whatever order the
-/// events were pushed in. Records equal under it are identical.
-pub(crate) fn canonical_cmp(a: &Ev, b: &Ev, strings: &Interner, ids: &Interner) -> Ordering {
+/// events were pushed in. Records equal under it are identical (the lease
+/// aside, which callers compare first when it can differ).
+pub(crate) fn canonical_cmp(a: &Ev, b: &Ev, strings: &Interner, ids: &EventIds) -> Ordering {
     a.ts.cmp(&b.ts)
         .then_with(|| kind_rank(a.kind).cmp(&kind_rank(b.kind)))
         .then_with(|| a.source.cmp(&b.source))
-        .then_with(|| a.token.cmp(&b.token))
+        .then_with(|| a.token().cmp(&b.token()))
         .then_with(|| cmp_sym(strings, a.holder, b.holder))
-        .then_with(|| cmp_sym(ids, a.event_id, b.event_id))
+        .then_with(|| {
+            if a.event_id == b.event_id {
+                Ordering::Equal
+            } else {
+                cmp_opt(ids.get_opt(a.event_id), ids.get_opt(b.event_id))
+            }
+        })
         .then_with(|| a.ttl_ms.cmp(&b.ttl_ms))
         .then_with(|| a.mono_ms.total_cmp(&b.mono_ms))
-        .then_with(|| {
-            a.keepalive_sent_mono_ms
-                .total_cmp(&b.keepalive_sent_mono_ms)
-        })
-        .then_with(|| a.deadline_mono_ms.total_cmp(&b.deadline_mono_ms))
+        .then_with(|| a.aux_mono_ms.total_cmp(&b.aux_mono_ms))
         .then_with(|| cmp_sym(strings, a.backend, b.backend))
         .then_with(|| cmp_sym(strings, a.trace, b.trace))
 }

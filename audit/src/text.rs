@@ -2,6 +2,7 @@
 
 use chrono::DateTime;
 
+use crate::ids::EventIds;
 use crate::intern::Interner;
 use crate::record::Ev;
 
@@ -25,12 +26,12 @@ pub(crate) fn timestamp(us: i64) -> String {
 
 /// How evidence names an event: its `event_id`, or, for events sent without
 /// one, a description precise enough to find the event in the lake.
-pub(crate) fn evidence(ev: &Ev, strings: &Interner, ids: &Interner) -> String {
+pub(crate) fn evidence(ev: &Ev, strings: &Interner, ids: &EventIds) -> String {
     if let Some(id) = ids.get_opt(ev.event_id) {
         return id.to_string();
     }
     let mut s = format!("(no event_id) {} {}", ev.source, ev.kind);
-    if let Some(t) = ev.token {
+    if let Some(t) = ev.token() {
         s.push_str(&format!(" token {t}"));
     }
     if let Some(h) = strings.get_opt(ev.holder) {

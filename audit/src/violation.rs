@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::config::Tolerances;
 use crate::grant::Scratch;
+use crate::ids::EventIds;
 use crate::intern::{Interner, Sym};
 use crate::record::{Clock, Ev};
 use crate::text;
@@ -152,7 +153,7 @@ pub(crate) struct Detect<'a> {
     pub events: &'a [Ev],
     pub scratch: &'a Scratch,
     pub strings: &'a Interner,
-    pub ids: &'a Interner,
+    pub ids: &'a EventIds,
     pub tol: Tolerances,
 }
 
@@ -404,7 +405,7 @@ impl Detect<'_> {
             let f = f as usize;
             let fev = &self.events[f];
             // When it fenced; failing that, when it meant to.
-            let (fence_ms, what) = match (Ev::opt(fev.mono_ms), Ev::opt(fev.deadline_mono_ms)) {
+            let (fence_ms, what) = match (Ev::opt(fev.mono_ms), Ev::opt(fev.deadline_mono_ms())) {
                 (Some(m), _) => (m, "fenced at"),
                 (None, Some(d)) => (d, "set its fence deadline to"),
                 (None, None) => continue,
@@ -475,7 +476,7 @@ impl Detect<'_> {
         for &w in &self.scratch.writes {
             let w = w as usize;
             let ev = &self.events[w];
-            let Some(token) = ev.token else { continue };
+            let Some(token) = ev.token() else { continue };
             if ev.ts != group_ts {
                 if let Some(g) = group.take() {
                     before = higher(before, g);

@@ -116,6 +116,37 @@ fn lines() -> Vec<String> {
     out
 }
 
+/// Nanoseconds this thread has run on a CPU (Linux schedstat), or `None`
+/// elsewhere. On a shared machine wall time counts the time other processes
+/// hold the core; CPU time gives the per-core rate regardless.
+fn thread_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// Runs `f` (one pass over `events` events) for about `secs` seconds of wall
+/// time and prints events per second of this thread's CPU time.
+fn per_cpu_second(name: &str, events: usize, secs: f64, mut f: impl FnMut()) {
+    f(); // warm up
+    let (Some(cpu0), wall0) = (thread_cpu_ns(), std::time::Instant::now()) else {
+        return;
+    };
+    let mut passes = 0u64;
+    while wall0.elapsed().as_secs_f64() < secs {
+        f();
+        passes += 1;
+    }
+    let cpu = (thread_cpu_ns().unwrap() - cpu0) as f64 / 1e9;
+    let wall = wall0.elapsed().as_secs_f64();
+    let n = (passes * events as u64) as f64;
+    eprintln!(
+        "cpu-time throughput: {name}: {:.0} events per CPU-second ({:.0} per wall second, {:.0}% of a core)",
+        n / cpu,
+        n / wall,
+        100.0 * cpu / wall
+    );
+}
+
 fn bench(c: &mut Criterion) {
     let lines = lines();
     let bytes: usize = lines.iter().map(String::len).sum();
@@ -136,6 +167,32 @@ fn bench(c: &mut Criterion) {
         partition: 0,
         offset: 0,
     };
+
+    {
+        let secs: f64 = std::env::var("LEASELINE_BENCH_CPU_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(4.0);
+        let mut builder = EventBatchBuilder::new();
+        per_cpu_second("decode + EventBatchBuilder", lines.len(), secs, || {
+            for l in &lines {
+                let e = decode(black_box(l.as_bytes())).unwrap();
+                builder.append(&e, &origin, 0);
+            }
+            black_box(builder.finish());
+        });
+        per_cpu_second("decode only", lines.len(), secs, || {
+            for l in &lines {
+                black_box(decode(black_box(l.as_bytes())).unwrap());
+            }
+        });
+        per_cpu_second("serde_json::Value parse", lines.len(), secs, || {
+            for l in &lines {
+                let v: serde_json::Value = serde_json::from_slice(black_box(l.as_bytes())).unwrap();
+                black_box(v);
+            }
+        });
+    }
 
     let mut g = c.benchmark_group("Decode to Arrow");
     g.throughput(Throughput::Elements(lines.len() as u64));

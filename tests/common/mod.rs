@@ -278,7 +278,7 @@ impl Dataset {
     pub fn generate(n: usize, seed: u64) -> Dataset {
         let mut rng = StdRng::seed_from_u64(seed);
         let bad = malformed_samples();
-        let mut messages = Vec::with_capacity(n);
+        let mut messages: Vec<(String, Vec<u8>)> = Vec::with_capacity(n);
         let mut expected_reason = Vec::with_capacity(n);
         let mut unique = BTreeMap::new();
         let mut sent: Vec<usize> = Vec::new();
