@@ -23,7 +23,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            lake: "./lake".into(),
+            lake: "./data/lake".into(),
             kafka: KafkaConfig::default(),
             flush: FlushPolicy::default(),
             compaction: CompactionConfig::default(),

@@ -1,0 +1,29 @@
+use thiserror::Error;
+
+/// Everything that can go wrong reading or writing the lake.
+#[derive(Debug, Error)]
+pub enum LakeError {
+    #[error("invalid lake location {location:?}: {reason}")]
+    Location { location: String, reason: String },
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("parquet: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    #[error("manifest {path}: {source}")]
+    Manifest {
+        path: String,
+        source: serde_json::Error,
+    },
+    /// Another writer committed a version this commit did not account for.
+    /// The caller reloads the latest manifest and decides again.
+    #[error("commit conflict at manifest version {version}: {reason}")]
+    Conflict { version: u64, reason: String },
+    #[error("local file system: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("lake schema version {found} is newer than this leaseline understands ({supported})")]
+    SchemaVersion { found: u32, supported: u32 },
+}
+
+pub type Result<T, E = LakeError> = std::result::Result<T, E>;

@@ -1,0 +1,207 @@
+//! Parquet files of the lake: written sorted and split by day, read back
+//! whole or by column.
+
+use arrow::array::{AsArray, RecordBatch, UInt32Array};
+use arrow::compute::{concat_batches, lexsort_to_indices, take_record_batch, SortColumn};
+use arrow::datatypes::TimestampMicrosecondType;
+use bytes::Bytes;
+use leaseline_schema::{EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+
+use crate::error::Result;
+use crate::manifest::{DataFile, Table};
+use crate::store::LakeStore;
+
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+/// The column a table is partitioned by day on.
+fn time_column(table: Table) -> &'static str {
+    match table {
+        Table::LeaseEvents => "ts",
+        Table::LeaseRejects => "ingested_at",
+    }
+}
+
+pub fn schema_of(table: Table) -> arrow::datatypes::SchemaRef {
+    match table {
+        Table::LeaseEvents => EVENTS_SCHEMA.clone(),
+        Table::LeaseRejects => REJECTS_SCHEMA.clone(),
+    }
+}
+
+fn writer_properties() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid level"),
+        ))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_max_row_group_row_count(Some(1_048_576))
+        .set_key_value_metadata(Some(vec![KeyValue::new(
+            SCHEMA_VERSION_KEY.to_string(),
+            SCHEMA_VERSION.to_string(),
+        )]))
+        .build()
+}
+
+/// Sorts a batch the way files are laid out: events by `(lease_id, ts)`,
+/// so one lease's history is contiguous and row-group statistics prune
+/// lookups of one lease; rejects by arrival.
+pub fn sort_for_table(table: Table, batch: &RecordBatch) -> Result<RecordBatch> {
+    if batch.num_rows() <= 1 {
+        return Ok(batch.clone());
+    }
+    let names: &[&str] = match table {
+        Table::LeaseEvents => &[
+            "lease_id",
+            "ts",
+            "kafka_partition",
+            "kafka_offset",
+            "file_line",
+        ],
+        Table::LeaseRejects => &[
+            "ingested_at",
+            "kafka_partition",
+            "kafka_offset",
+            "file_line",
+        ],
+    };
+    let cols: Vec<SortColumn> = names
+        .iter()
+        .map(|n| SortColumn {
+            values: batch.column_by_name(n).expect("table column").clone(),
+            options: None,
+        })
+        .collect();
+    let idx = lexsort_to_indices(&cols, None)?;
+    Ok(take_record_batch(batch, &idx)?)
+}
+
+/// Splits a batch by the UTC day of its time column.
+fn split_by_day(table: Table, batch: &RecordBatch) -> Result<Vec<(i64, RecordBatch)>> {
+    let ts = batch
+        .column_by_name(time_column(table))
+        .expect("time column")
+        .as_primitive::<TimestampMicrosecondType>();
+    let mut days: Vec<(i64, Vec<u32>)> = Vec::new();
+    for i in 0..ts.len() {
+        let day = ts.value(i).div_euclid(MICROS_PER_DAY);
+        match days.iter_mut().find(|(d, _)| *d == day) {
+            Some((_, rows)) => rows.push(i as u32),
+            None => days.push((day, vec![i as u32])),
+        }
+    }
+    if days.len() == 1 {
+        return Ok(vec![(days[0].0, batch.clone())]);
+    }
+    days.into_iter()
+        .map(|(day, rows)| Ok((day, take_record_batch(batch, &UInt32Array::from(rows))?)))
+        .collect()
+}
+
+fn day_dir(day: i64) -> String {
+    let date = chrono::DateTime::from_timestamp_micros(day * MICROS_PER_DAY)
+        .map(|t| t.format("%Y-%m-%d").to_string())
+        .unwrap_or_else(|| "out-of-range".into());
+    format!("date={date}")
+}
+
+/// Encodes one sorted batch as a Parquet file in memory.
+pub fn encode(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut buf = Vec::with_capacity(batch.get_array_memory_size() / 4 + 1024);
+    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(writer_properties()))?;
+    w.write(batch)?;
+    w.close()?;
+    Ok(buf)
+}
+
+fn min_max(table: Table, batch: &RecordBatch) -> (i64, i64) {
+    let ts = batch
+        .column_by_name(time_column(table))
+        .expect("time column")
+        .as_primitive::<TimestampMicrosecondType>();
+    let min = arrow::compute::min(ts).unwrap_or(0);
+    let max = arrow::compute::max(ts).unwrap_or(0);
+    (min, max)
+}
+
+/// Writes `batch` as one file per day of the table's time column, each
+/// sorted, and returns the files for a manifest commit. The files are not
+/// part of the lake until that commit succeeds.
+pub async fn write_table(
+    store: &LakeStore,
+    table: Table,
+    batch: &RecordBatch,
+    level: u32,
+) -> Result<Vec<DataFile>> {
+    if batch.num_rows() == 0 {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for (day, part) in split_by_day(table, batch)? {
+        let part = sort_for_table(table, &part)?;
+        let bytes = encode(&part)?;
+        let path = format!(
+            "{}/{}/{}.parquet",
+            table.name(),
+            day_dir(day),
+            uuid::Uuid::new_v4().simple()
+        );
+        let (min_ts_us, max_ts_us) = min_max(table, &part);
+        let size = bytes.len() as u64;
+        store.put(&path, bytes).await?;
+        out.push(DataFile {
+            table,
+            path,
+            rows: part.num_rows() as u64,
+            bytes: size,
+            min_ts_us,
+            max_ts_us,
+            level,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads a whole file.
+pub async fn read_file(store: &LakeStore, rel: &str) -> Result<Vec<RecordBatch>> {
+    let bytes: Bytes = store.get(rel).await?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?
+        .with_batch_size(64 * 1024)
+        .build()?;
+    Ok(reader.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Reads the named columns of a file.
+pub async fn read_columns(
+    store: &LakeStore,
+    rel: &str,
+    columns: &[&str],
+) -> Result<Vec<RecordBatch>> {
+    let bytes: Bytes = store.get(rel).await?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+    let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
+    let reader = builder
+        .with_projection(mask)
+        .with_batch_size(64 * 1024)
+        .build()?;
+    Ok(reader.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Concatenates batches of one table into one (empty if none).
+pub fn concat(table: Table, batches: &[RecordBatch]) -> Result<RecordBatch> {
+    let schema = schema_of(table);
+    if batches.is_empty() {
+        return Ok(RecordBatch::new_empty(schema));
+    }
+    Ok(concat_batches(&schema, batches)?)
+}
+
+/// Keeps the rows of `batch` whose index is true in `keep`.
+pub fn filter_rows(batch: &RecordBatch, keep: &[bool]) -> Result<RecordBatch> {
+    let mask = arrow::array::BooleanArray::from(keep.to_vec());
+    Ok(arrow::compute::filter_record_batch(batch, &mask)?)
+}
