@@ -266,6 +266,14 @@ fn audit_all(events: &[LeaseEvent<'static>]) -> (usize, usize) {
     (timeline.len(), violations.len())
 }
 
+fn audit_all_batched(events: &[LeaseEvent<'static>]) -> (usize, usize) {
+    let mut auditor = Auditor::default();
+    auditor.push_all(events);
+    let timeline = auditor.timeline();
+    let violations = auditor.violations();
+    (timeline.len(), violations.len())
+}
+
 fn configure<M: Measurement>(group: &mut BenchmarkGroup<'_, M>, events: usize) {
     group.throughput(Throughput::Elements(events as u64));
     group.sample_size(10);
@@ -284,6 +292,9 @@ fn bench_cpu(c: &mut Criterion<ThreadCpuTime>) {
     configure(&mut group, events.len());
     group.bench_function("push+timeline+violations", |b| {
         b.iter(|| black_box(audit_all(&events)))
+    });
+    group.bench_function("push_all+timeline+violations", |b| {
+        b.iter(|| black_box(audit_all_batched(&events)))
     });
     group.finish();
 }

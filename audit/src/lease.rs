@@ -5,31 +5,36 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::config::Tolerances;
-use crate::grant::{CachedGrant, Grant, Scratch};
+use crate::derive::Scratch;
+use crate::detect::Detect;
+use crate::grant::{CachedGrant, Grant};
 use crate::ids::EventIds;
 use crate::intern::Interner;
 use crate::record::{canonical_cmp, Ev};
-use crate::violation::{Detect, Violation};
+use crate::violation::Violation;
 
 /// One lease's audit: its grants in acquisition order and its violations.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LeaseAudit {
+    #[serde(serialize_with = "crate::ser::arc")]
     pub lease_id: Arc<str>,
     pub grants: Vec<Grant>,
     pub violations: Vec<Violation>,
 }
 
+/// `repr(C)` keeps the fields a push touches in the first cache line.
+#[repr(C)]
 pub(crate) struct LeaseState {
-    pub id: Arc<str>,
     /// De-duplicated events; the first `sorted_len` are in canonical order,
     /// the rest arrived since the last recompute.
     pub events: Vec<Ev>,
-    sorted_len: usize,
     pub max_ts: i64,
+    sorted_len: usize,
     /// Events changed since the last recompute.
     pub dirty: bool,
     /// Events changed since the last `drain_changes`.
     pub undrained: bool,
+    pub id: Arc<str>,
     pub grants: Vec<CachedGrant>,
     pub violations: Vec<Violation>,
     /// The violations as of the last `drain_changes`.
@@ -53,6 +58,10 @@ impl LeaseState {
 
     pub fn push(&mut self, ev: Ev) {
         self.max_ts = self.max_ts.max(ev.ts);
+        if self.events.len() == self.events.capacity() {
+            // Leases see many events: skip the smallest reallocations.
+            self.events.reserve(self.events.len().max(16));
+        }
         self.events.push(ev);
     }
 
@@ -96,7 +105,9 @@ impl LeaseState {
     fn sort(&mut self, strings: &Interner, ids: &EventIds) {
         let cmp = |a: &Ev, b: &Ev| canonical_cmp(a, b, strings, ids);
         let (sorted, tail) = self.events.split_at_mut(self.sorted_len);
-        tail.sort_unstable_by(cmp);
+        if !insertion_sort(tail, cmp, 4 * tail.len() + 16) {
+            tail.sort_unstable_by(cmp);
+        }
         if let (Some(last), Some(first)) = (sorted.last(), tail.first()) {
             if cmp(last, first).is_gt() {
                 // Two sorted runs: the stable sort merges them in linear time.
@@ -105,4 +116,29 @@ impl LeaseState {
         }
         self.sorted_len = self.events.len();
     }
+}
+
+/// Sorts `v` by insertion, giving up (false) after `budget` moves. Events
+/// arrive nearly in time order, where this is linear; anything more shuffled
+/// falls back to a general sort.
+fn insertion_sort<T: Copy>(
+    v: &mut [T],
+    cmp: impl Fn(&T, &T) -> std::cmp::Ordering,
+    mut budget: usize,
+) -> bool {
+    for i in 1..v.len() {
+        let x = v[i];
+        let mut j = i;
+        while j > 0 && cmp(&v[j - 1], &x).is_gt() {
+            if budget == 0 {
+                v[j] = x;
+                return false;
+            }
+            budget -= 1;
+            v[j] = v[j - 1];
+            j -= 1;
+        }
+        v[j] = x;
+    }
+    true
 }

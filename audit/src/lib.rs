@@ -2,8 +2,9 @@
 //! derives"), as pure logic: SQL over the lake and the streaming alert
 //! engine both run this crate, so the two never disagree.
 //!
-//! What enters: decoded [`leaseline_schema::LeaseEvent`]s, pushed one at a
-//! time into an [`Auditor`] in any order, duplicates included.
+//! What enters: decoded [`leaseline_schema::LeaseEvent`]s, pushed into an
+//! [`Auditor`] one at a time ([`Auditor::push`]) or in batches
+//! ([`Auditor::push_all`], faster), in any order, duplicates included.
 //!
 //! What leaves, the same whatever the arrival order:
 //! - [`Auditor::timeline`]: one [`Grant`] per `(lease_id, fencing_token)`
@@ -18,14 +19,35 @@
 //!
 //! Tolerances come from [`AuditConfig`].
 //!
+//! ```
+//! use leaseline_audit::{Auditor, EndKind};
+//!
+//! let mut audit = Auditor::default();
+//! for line in [
+//!     r#"{"ts":"2026-09-14T10:00:00Z","kind":"acquired","source":"coordinator","lease_id":"L","holder_id":"b-1","fencing_token":7,"ttl_ms":10000}"#,
+//!     r#"{"ts":"2026-09-14T10:00:05Z","kind":"released","source":"holder","lease_id":"L","holder_id":"b-1","fencing_token":7}"#,
+//! ] {
+//!     audit.push(&leaseline_schema::decode(line.as_bytes()).unwrap());
+//! }
+//! assert_eq!(audit.timeline()[0].end_kind, EndKind::Released);
+//! assert!(audit.violations().is_empty());
+//! ```
+//!
 //! # How it works
 //!
 //! Events are kept per lease, de-duplicated by `event_id` across the whole
-//! history. A push only appends and marks the lease dirty; a read recomputes
-//! the dirty leases from scratch, walking their events in one canonical
+//! history, in a compact 64-byte form with interned strings. A push checks
+//! the id, appends the event to a short log and returns; the log is filed
+//! under its leases in batches, marking them dirty. A read recomputes only
+//! the dirty leases, from scratch, walking their events in one canonical
 //! order: by timestamp, then kind (acquisitions, keepalive outcomes, resource
 //! events, then ends), then content, never arrival. Every answer is
-//! therefore a function of the set of events.
+//! therefore a function of the set of events. Only whether a grant without
+//! an end event is open or lapsed depends on the other leases (see below);
+//! it is settled at read time.
+//!
+//! Memory grows with the history: every distinct event is kept, so a
+//! long-running consumer bounds what it feeds one auditor.
 //!
 //! # Decisions where the contract is silent
 //!
@@ -95,11 +117,16 @@
 
 mod auditor;
 mod config;
+mod derive;
+mod detect;
 mod grant;
 mod ids;
 mod intern;
 mod lease;
+mod prefetch;
 mod record;
+mod ser;
+mod strtab;
 mod text;
 mod violation;
 

@@ -47,7 +47,13 @@ fn carries_keepalive(kind: Kind) -> bool {
 }
 
 impl Ev {
-    pub fn new(e: &LeaseEvent<'_>, lease: Sym, strings: &mut Interner, event_id: Sym) -> Ev {
+    pub fn new(
+        e: &LeaseEvent<'_>,
+        lease: Sym,
+        holder: Sym,
+        strings: &mut Interner,
+        event_id: Sym,
+    ) -> Ev {
         let aux = if carries_keepalive(e.kind) {
             e.keepalive_sent_mono_ms
         } else {
@@ -60,7 +66,7 @@ impl Ev {
             ttl_ms: e.ttl_ms.unwrap_or(i64::MIN),
             mono_ms: mono(e.mono_ms),
             aux_mono_ms: mono(aux),
-            holder: strings.intern_opt(e.holder_id.as_deref()),
+            holder,
             backend: strings.intern_opt(e.backend.as_deref()),
             trace: strings.intern_opt(e.trace_id.as_deref()),
             event_id,

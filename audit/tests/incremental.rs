@@ -155,3 +155,24 @@ fn config_reads_humantime_and_refuses_unknown_keys() {
     assert_eq!(c.late_fence_tolerance, Duration::from_millis(50));
     assert!(toml::from_str::<AuditConfig>("clock_skew = \"1s\"").is_err());
 }
+
+#[test]
+fn rows_serialise_with_the_contracts_names() {
+    let evs = events(&[
+        "c1 10:00:00.000 acquired c L b-1 7 ttl_ms=1000 backend=etcd",
+        "c2 10:00:01.000 released c L b-1 7",
+        "c3 10:00:02.000 acquired c L b-2 5 ttl_ms=1000",
+    ]);
+    let mut a = Auditor::default();
+    a.push_all(&evs);
+    let grant = serde_json::to_value(&a.timeline()[0]).unwrap();
+    assert_eq!(grant["lease_id"], "L");
+    assert_eq!(grant["end_kind"], "released");
+    assert_eq!(grant["acquired_by"], "coordinator");
+    assert_eq!(grant["backend"], "etcd");
+    assert_eq!(grant["trace_id"], serde_json::Value::Null);
+    let v = serde_json::to_value(&a.violations()[0]).unwrap();
+    assert_eq!(v["kind"], "token_regression");
+    assert_eq!(v["other_holder_id"], "b-1");
+    assert_eq!(v["evidence"], serde_json::json!(["c1", "c3"]));
+}

@@ -260,6 +260,22 @@ pub fn audit_events(config: AuditConfig, events: &[LeaseEvent<'static>]) -> Outc
             "{name}: drained changes disagree with violations()"
         );
         assert!(auditor.drain_changes().is_empty(), "{name}: second drain");
+        let mut batch = Auditor::new(config);
+        assert_eq!(
+            batch.push_all(&order),
+            seen_ids.len() + order.iter().filter(|e| e.event_id.is_none()).count(),
+            "{name}: push_all count"
+        );
+        assert_eq!(
+            batch.timeline(),
+            outcome.timeline,
+            "{name}: push_all timeline"
+        );
+        assert_eq!(
+            batch.violations(),
+            outcome.violations,
+            "{name}: push_all violations"
+        );
         for holder in auditor.holders() {
             let last = outcome
                 .timeline
