@@ -15,6 +15,7 @@
 //! must flush the partitions' rows before giving them up, and that needs
 //! the writer, which lives on this same thread.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -41,11 +42,56 @@ const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
 struct IngestContext {
     writer: Arc<Mutex<LakeWriter>>,
     handle: Handle,
+    resume: ResumePoints,
 }
 
 impl IngestContext {
     fn writer(&self) -> MutexGuard<'_, LakeWriter> {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Where each partition was (re)started, until its first message arrives.
+///
+/// A first message beyond that point means offsets the lake never saw are
+/// gone from the broker: retention deleted them before we got there, the
+/// topic is compacted or transactional, or the broker skipped them. The
+/// first is data loss an operator must hear about, so every such gap is
+/// logged with its size.
+#[derive(Default)]
+struct ResumePoints(Mutex<HashMap<(String, i32), i64>>);
+
+impl ResumePoints {
+    fn set(&self, topic: &str, partition: i32, next: i64) {
+        self.lock().insert((topic.to_string(), partition), next);
+    }
+
+    fn clear(&self) {
+        self.lock().clear();
+    }
+
+    fn check(&self, topic: &str, partition: i32, offset: i64) {
+        let mut map = self.lock();
+        if map.is_empty() {
+            return;
+        }
+        if let Some(expected) = map.remove(&(topic.to_string(), partition)) {
+            if offset > expected {
+                warn!(
+                    topic,
+                    partition,
+                    resumed_at = expected,
+                    first_offset = offset,
+                    missing = offset - expected,
+                    "the broker has no messages between the lake's offset and the first one \
+                     received (retention, compaction, transaction markers or a broker fault)"
+                );
+            }
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<(String, i32), i64>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -73,6 +119,7 @@ impl ConsumerContext for IngestContext {
                     .collect();
                 for (topic, p) in &parts {
                     if let Some(next) = w.manifest().next_offset(topic, *p) {
+                        self.resume.set(topic, *p, next);
                         if let Err(e) = tpl.set_partition_offset(topic, *p, Offset::Offset(next)) {
                             warn!(topic, partition = p, error = %e, "could not set start offset");
                         }
@@ -96,6 +143,7 @@ impl ConsumerContext for IngestContext {
                         }
                     }
                 }
+                self.resume.clear();
                 info!(partitions = tpl.count(), "revoked");
                 if let Err(e) = consumer.unassign() {
                     error!(error = %e, "unassign failed");
@@ -142,7 +190,10 @@ fn rewind(consumer: &BaseConsumer<IngestContext>, w: &LakeWriter, only: Option<&
             }
         }
         let to = match w.manifest().next_offset(e.topic(), e.partition()) {
-            Some(n) => Offset::Offset(n),
+            Some(n) => {
+                consumer.context().resume.set(e.topic(), e.partition(), n);
+                Offset::Offset(n)
+            }
             None => Offset::Beginning,
         };
         if let Err(err) = consumer.seek(e.topic(), e.partition(), to, SEEK_TIMEOUT) {
@@ -192,6 +243,7 @@ pub async fn run(
     let ctx = IngestContext {
         writer: writer.clone(),
         handle: Handle::current(),
+        resume: ResumePoints::default(),
     };
     let consumer: BaseConsumer<IngestContext> = client_config(cfg)?.create_with_context(ctx)?;
     let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
@@ -221,6 +273,7 @@ fn consume_loop(
             None => {}
             Some(Ok(msg)) => {
                 let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
+                consumer.context().resume.check(topic, partition, offset);
                 if !w.already_committed(topic, partition, offset) {
                     w.push(
                         msg.payload().unwrap_or_default(),

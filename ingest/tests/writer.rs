@@ -106,28 +106,45 @@ async fn flush_policy_by_rows_bytes_and_time() {
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
     let mut w = LakeWriter::open(lake).await.unwrap();
-    let policy = FlushPolicy {
+    // Rows and bytes are checked with a time limit that cannot pass
+    // during the test, so a slow machine cannot make them flaky.
+    let never = FlushPolicy {
         max_rows: 3,
         max_bytes: bytesize::ByteSize::b(10_000),
-        flush_interval: std::time::Duration::from_millis(200),
+        flush_interval: std::time::Duration::from_secs(3600),
     };
-    assert!(!w.should_flush(&policy));
+    assert!(!w.should_flush(&never));
     w.push(&event("1", 1), kafka(0, 0));
-    assert!(!w.should_flush(&policy));
-    std::thread::sleep(std::time::Duration::from_millis(250));
-    assert!(w.should_flush(&policy), "time limit");
+    assert!(!w.should_flush(&never), "one row, few bytes, young");
+    let soon = FlushPolicy {
+        flush_interval: std::time::Duration::from_millis(50),
+        ..never
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!w.should_flush(&never), "time limit not reached");
+    assert!(w.should_flush(&soon), "time limit");
     w.flush().await.unwrap();
+    assert!(
+        !w.should_flush(&soon),
+        "the clock starts at the first buffered row"
+    );
     for i in 0..3 {
         w.push(&event(&format!("r{i}"), 1), kafka(0, 1 + i));
     }
-    assert!(w.should_flush(&policy), "row limit");
+    assert!(w.should_flush(&never), "row limit");
     w.flush().await.unwrap();
+    // Bytes are the message payloads: the limit falls between one and two.
+    let two = (event("b1", 1).len() + event("b2", 1).len()) as u64;
     let big = FlushPolicy {
         max_rows: 1000,
-        max_bytes: bytesize::ByteSize::b(300),
-        ..policy
+        max_bytes: bytesize::ByteSize::b(two),
+        ..never
     };
     w.push(&event("b1", 1), kafka(0, 10));
+    assert!(
+        !w.should_flush(&big),
+        "one small row is under the byte limit"
+    );
     w.push(&event("b2", 1), kafka(0, 11));
     assert!(w.should_flush(&big), "byte limit");
 }
