@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::Context;
+use leaseline_audit::AuditConfig;
 use leaseline_ingest::{CompactionConfig, FlushPolicy, KafkaConfig};
 use serde::Deserialize;
 
@@ -18,6 +19,9 @@ pub struct Config {
     pub kafka: KafkaConfig,
     pub flush: FlushPolicy,
     pub compaction: CompactionConfig,
+    /// Tolerances of the audit (`late_fence_tolerance`,
+    /// `clock_skew_tolerance`).
+    pub audit: AuditConfig,
 }
 
 impl Default for Config {
@@ -27,6 +31,7 @@ impl Default for Config {
             kafka: KafkaConfig::default(),
             flush: FlushPolicy::default(),
             compaction: CompactionConfig::default(),
+            audit: AuditConfig::default(),
         }
     }
 }
@@ -63,6 +68,8 @@ mod tests {
             [compaction]
             target_file_bytes = "256MiB"
             retention = "30m"
+            [audit]
+            late_fence_tolerance = "80ms"
             "#,
         )
         .unwrap();
@@ -72,6 +79,15 @@ mod tests {
         assert_eq!(c.compaction.retention, std::time::Duration::from_secs(1800));
         assert_eq!(c.kafka.properties["security.protocol"], "SASL_SSL");
         assert!(c.compaction.enabled);
+        assert_eq!(
+            c.audit.late_fence_tolerance,
+            std::time::Duration::from_millis(80)
+        );
+        assert_eq!(
+            c.audit.clock_skew_tolerance,
+            std::time::Duration::from_millis(250),
+            "unset keys keep their defaults"
+        );
 
         let err = toml::from_str::<Config>("[flush]\nmax_row = 1\n").unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");

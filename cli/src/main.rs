@@ -1,10 +1,12 @@
 //! `leaseline`: the command that wires the crates together.
 //!
 //! `ingest` consumes Kafka into the lake, `import` loads NDJSON files,
-//! `sql` queries the lake, `compact` merges small files. Configuration
+//! `sql` queries the lake, `check` audits the lake or NDJSON files and exits
+//! 1 on any safety violation, `compact` merges small files. Configuration
 //! comes from defaults, then `--config FILE`, then environment variables
 //! and flags (`leaseline help <command>` lists them).
 
+mod check;
 mod config;
 mod output;
 
@@ -64,6 +66,28 @@ struct FlushArgs {
     flush_interval: Option<Duration>,
 }
 
+#[derive(Debug, Args)]
+struct AuditArgs {
+    /// How late past its safe deadline a fence may come before it is a
+    /// `late_fence` (e.g. `50ms`).
+    #[arg(long, env = "LEASELINE_AUDIT_LATE_FENCE_TOLERANCE", value_parser = humantime::parse_duration)]
+    late_fence_tolerance: Option<Duration>,
+    /// How far clocks of different emitters may disagree (e.g. `250ms`).
+    #[arg(long, env = "LEASELINE_AUDIT_CLOCK_SKEW_TOLERANCE", value_parser = humantime::parse_duration)]
+    clock_skew_tolerance: Option<Duration>,
+}
+
+impl AuditArgs {
+    fn apply(&self, cfg: &mut Config) {
+        if let Some(v) = self.late_fence_tolerance {
+            cfg.audit.late_fence_tolerance = v;
+        }
+        if let Some(v) = self.clock_skew_tolerance {
+            cfg.audit.clock_skew_tolerance = v;
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Consume lease events from Kafka into the lake until SIGTERM or Ctrl-C.
@@ -109,6 +133,8 @@ enum Command {
     Sql {
         #[command(flatten)]
         lake: LakeArgs,
+        #[command(flatten)]
+        audit: AuditArgs,
         /// The query, e.g. "SELECT count(*) FROM lease_events".
         query: String,
         /// Output format.
@@ -119,6 +145,26 @@ enum Command {
             env = "LEASELINE_SQL_FORMAT"
         )]
         format: Format,
+    },
+    /// Audit the lake (or NDJSON files) and print every safety violation.
+    ///
+    /// Exit status: 0 when the history is clean, 1 when there is any
+    /// violation, 2 when it could not be checked.
+    Check {
+        #[command(flatten)]
+        lake: LakeArgs,
+        #[command(flatten)]
+        audit: AuditArgs,
+        /// NDJSON files to audit instead of the lake (`-` for standard input).
+        files: Vec<String>,
+        /// Output format.
+        #[arg(
+            long,
+            value_enum,
+            default_value = "text",
+            env = "LEASELINE_CHECK_FORMAT"
+        )]
+        format: check::CheckFormat,
     },
     /// Merge small files now and delete files replaced long enough ago.
     Compact {
@@ -171,16 +217,23 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    // `check` exits 1 for violations, so its own failures must differ.
+    let failure = if matches!(cli.command, Command::Check { .. }) {
+        std::process::ExitCode::from(2)
+    } else {
+        std::process::ExitCode::FAILURE
+    };
     match rt.block_on(run(cli)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            failure
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+    use std::process::ExitCode;
     let mut cfg = Config::load(cli.config.as_deref())?;
     match cli.command {
         Command::Ingest {
@@ -218,23 +271,48 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 cfg.compaction.interval = i;
             }
             let lake = lake.open(&cfg)?;
-            run_ingest(lake, cfg).await
+            run_ingest(lake, cfg).await.map(|()| ExitCode::SUCCESS)
         }
         Command::Import { lake, flush, files } => {
             flush.apply(&mut cfg);
             let lake = lake.open(&cfg)?;
-            run_import(lake, &cfg, files).await
+            run_import(lake, &cfg, files)
+                .await
+                .map(|()| ExitCode::SUCCESS)
         }
         Command::Sql {
             lake,
+            audit,
             query,
             format,
         } => {
-            let engine = QueryEngine::new(lake.open(&cfg)?);
+            audit.apply(&mut cfg);
+            let engine = QueryEngine::with_audit_config(lake.open(&cfg)?, cfg.audit);
             let batches = engine.sql(&query).await?;
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
-            output::write(format, &batches, &mut out)
+            output::write(format, &batches, &mut out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check {
+            lake,
+            audit,
+            files,
+            format,
+        } => {
+            audit.apply(&mut cfg);
+            let (mut auditor, malformed) = if files.is_empty() {
+                (check::audit_lake(&lake.open(&cfg)?, cfg.audit).await?, 0)
+            } else {
+                check::audit_files(&files, cfg.audit)?
+            };
+            let stdout = std::io::stdout();
+            let summary = check::report(&mut auditor, malformed, format, &mut stdout.lock())?;
+            Ok(if summary.violations > 0 {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         Command::Compact {
             lake,
@@ -254,7 +332,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "merged {} files into {} ({} rows); deleted {} replaced or orphaned files",
                 report.merged_files, report.written_files, report.rows, deleted
             );
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

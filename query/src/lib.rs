@@ -5,8 +5,12 @@
 //! What leaves: Arrow record batches, or a [`QueryError`] that says whether
 //! the query was at fault (a client error) or leaseline was.
 //!
+//! Tables: `lease_events` and `lease_rejects` (the lake's Parquet files),
+//! and the audit's `lease_timeline`, `lease_violations` and `lease_holders`
+//! (computed by `leaseline-audit` from `lease_events`, see [`audit`]).
+//!
 //! Key types: [`QueryEngine`] (a read-only DataFusion session per query over
-//! a manifest snapshot), [`QueryError`].
+//! a manifest snapshot), [`AuditCache`], [`QueryError`].
 //!
 //! Each query sees one manifest version: files that compaction replaces
 //! after the snapshot stay on storage for the retention period, so a query
@@ -23,7 +27,14 @@ use datafusion::datasource::listing::{
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
+use leaseline_audit::AuditConfig;
 use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
+use leaseline_schema::ReadError;
+
+pub mod audit;
+
+pub use crate::audit::{AuditCache, AuditTables, AuditView};
+use crate::audit::{AuditSource, AuditTableProvider};
 
 /// Why a query failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +45,9 @@ pub enum QueryError {
     DataFusion(#[from] DataFusionError),
     #[error("lake: {0}")]
     Lake(#[from] LakeError),
+    /// A `lease_events` file the audit could not read as events.
+    #[error("{0}")]
+    Events(#[from] ReadError),
 }
 
 impl QueryError {
@@ -42,7 +56,7 @@ impl QueryError {
     pub fn is_client_error(&self) -> bool {
         match self {
             QueryError::DataFusion(e) => is_client_error(e),
-            QueryError::Lake(_) => false,
+            QueryError::Lake(_) | QueryError::Events(_) => false,
         }
     }
 
@@ -69,11 +83,30 @@ pub type Result<T, E = QueryError> = std::result::Result<T, E>;
 #[derive(Debug, Clone)]
 pub struct QueryEngine {
     lake: Lake,
+    audit: Arc<AuditCache>,
 }
 
 impl QueryEngine {
+    /// An engine with the audit's default tolerances.
     pub fn new(lake: Lake) -> Self {
-        QueryEngine { lake }
+        Self::with_audit_config(lake, AuditConfig::default())
+    }
+
+    pub fn with_audit_config(lake: Lake, config: AuditConfig) -> Self {
+        QueryEngine {
+            lake,
+            audit: Arc::new(AuditCache::new(config)),
+        }
+    }
+
+    pub fn audit_cache(&self) -> &Arc<AuditCache> {
+        &self.audit
+    }
+
+    /// The audit's tables of the lake's newest version.
+    pub async fn audit_tables(&self) -> Result<Arc<AuditTables>> {
+        let m = self.lake.latest().await?;
+        self.audit.tables(&self.lake, &m).await
     }
 
     pub fn lake(&self) -> &Lake {
@@ -102,6 +135,20 @@ impl QueryEngine {
         }
         for table in Table::ALL {
             ctx.register_table(table.name(), self.table_provider(manifest, table)?)?;
+        }
+        let source = Arc::new(AuditSource::new(
+            self.lake.clone(),
+            manifest.clone(),
+            self.audit.clone(),
+        ));
+        for view in AuditView::ALL {
+            ctx.register_table(
+                view.name(),
+                Arc::new(AuditTableProvider {
+                    view,
+                    source: source.clone(),
+                }),
+            )?;
         }
         Ok(ctx)
     }

@@ -6,7 +6,8 @@
 //! `wrong_type:fencing_token`, ...), and Arrow batches for the two lake
 //! tables, `lease_events` ([`EVENTS_SCHEMA`], built by
 //! [`EventBatchBuilder`]) and `lease_rejects` ([`REJECTS_SCHEMA`], built by
-//! [`RejectBatchBuilder`]).
+//! [`RejectBatchBuilder`]); and back: [`EventColumns`] reads `lease_events`
+//! rows as events for the audit.
 //!
 //! This crate sits at the bottom of the workspace: ingest, the audit, query
 //! and alerts all agree on the event through it.
@@ -14,6 +15,7 @@
 mod arrow;
 mod decode;
 mod event;
+mod read;
 
 pub use crate::arrow::{
     EventBatchBuilder, RejectBatchBuilder, EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION,
@@ -21,3 +23,4 @@ pub use crate::arrow::{
 };
 pub use crate::decode::{decode, decode_str, DecodeError, Field, RejectReason, MAX_ID_BYTES};
 pub use crate::event::{Kind, LeaseEvent, Origin, Source};
+pub use crate::read::{EventColumns, ReadError};

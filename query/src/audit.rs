@@ -1,0 +1,526 @@
+//! The audit's answers as SQL tables: `lease_timeline`, `lease_violations`
+//! and `lease_holders`.
+//!
+//! They are computed by `leaseline-audit` (the same engine the alerts run)
+//! from the `lease_events` rows of one manifest snapshot. An [`AuditCache`]
+//! keeps the engine between queries and feeds it only the files a newer
+//! snapshot appended, so the common case (a few new files since the last
+//! query) costs little and a repeated query costs nothing; a snapshot that
+//! replaced files (compaction) is audited from scratch. The tables are only
+//! computed when a query scans one of them.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, RecordBatch,
+    StringBuilder, TimestampMicrosecondBuilder, UInt64Builder,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::datasource::{MemTable, TableType};
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_plan::ExecutionPlan;
+use leaseline_audit::{AuditConfig, Auditor, Grant, LeaseHolder, Violation};
+use leaseline_lake::{parquet_io, Lake, Manifest, Table};
+use leaseline_schema::{EventColumns, LeaseEvent};
+use tokio::sync::Mutex;
+
+use crate::{QueryError, Result};
+
+/// The three derived tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditView {
+    Timeline,
+    Violations,
+    Holders,
+}
+
+impl AuditView {
+    pub const ALL: [AuditView; 3] = [
+        AuditView::Timeline,
+        AuditView::Violations,
+        AuditView::Holders,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AuditView::Timeline => "lease_timeline",
+            AuditView::Violations => "lease_violations",
+            AuditView::Holders => "lease_holders",
+        }
+    }
+
+    pub fn schema(self) -> SchemaRef {
+        match self {
+            AuditView::Timeline => TIMELINE_SCHEMA.clone(),
+            AuditView::Violations => VIOLATIONS_SCHEMA.clone(),
+            AuditView::Holders => HOLDERS_SCHEMA.clone(),
+        }
+    }
+}
+
+fn ts() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+static TIMELINE_SCHEMA: std::sync::LazyLock<SchemaRef> = std::sync::LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("lease_id", DataType::Utf8, false),
+        Field::new("fencing_token", DataType::UInt64, false),
+        Field::new("holder_id", DataType::Utf8, false),
+        Field::new("backend", DataType::Utf8, true),
+        Field::new("acquired_at", ts(), false),
+        Field::new("ended_at", ts(), true),
+        Field::new("end_kind", DataType::Utf8, false),
+        Field::new("ttl_ms", DataType::Int64, true),
+        Field::new("renewals", DataType::Int64, false),
+        Field::new("renew_failures", DataType::Int64, false),
+        Field::new("max_renew_gap_ms", DataType::Float64, true),
+        Field::new("writes_accepted", DataType::Int64, false),
+        Field::new("stale_writes_rejected", DataType::Int64, false),
+        Field::new("trace_id", DataType::Utf8, true),
+        // Beyond the list: when validity ends even while the grant
+        // is still open, and whose report the start time comes from.
+        Field::new("valid_until", ts(), true),
+        Field::new("acquired_by", DataType::Utf8, false),
+    ]))
+});
+
+static VIOLATIONS_SCHEMA: std::sync::LazyLock<SchemaRef> = std::sync::LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("lease_id", DataType::Utf8, false),
+        Field::new("fencing_token", DataType::UInt64, false),
+        Field::new("holder_id", DataType::Utf8, true),
+        Field::new("at", ts(), false),
+        Field::new("other_fencing_token", DataType::UInt64, true),
+        Field::new("other_holder_id", DataType::Utf8, true),
+        Field::new("detail", DataType::Utf8, false),
+        Field::new(
+            "evidence",
+            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+            false,
+        ),
+    ]))
+});
+
+static HOLDERS_SCHEMA: std::sync::LazyLock<SchemaRef> = std::sync::LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("lease_id", DataType::Utf8, false),
+        Field::new("holder_id", DataType::Utf8, false),
+        Field::new("fencing_token", DataType::UInt64, false),
+        Field::new("valid", DataType::Boolean, false),
+        Field::new("acquired_at", ts(), false),
+        Field::new("valid_until", ts(), true),
+        Field::new("ended_at", ts(), true),
+        Field::new("end_kind", DataType::Utf8, false),
+        Field::new("backend", DataType::Utf8, true),
+        Field::new("ttl_ms", DataType::Int64, true),
+        Field::new("renewals", DataType::Int64, false),
+    ]))
+});
+
+/// The derived tables of one snapshot.
+#[derive(Debug, Clone)]
+pub struct AuditTables {
+    /// The manifest version they answer for.
+    pub version: u64,
+    pub timeline: RecordBatch,
+    pub violations: RecordBatch,
+    pub holders: RecordBatch,
+}
+
+impl AuditTables {
+    pub fn get(&self, view: AuditView) -> &RecordBatch {
+        match view {
+            AuditView::Timeline => &self.timeline,
+            AuditView::Violations => &self.violations,
+            AuditView::Holders => &self.holders,
+        }
+    }
+}
+
+/// The columns of `lease_events` the audit reads (not the origin, not
+/// `attrs`).
+const AUDIT_COLUMNS: [&str; 17] = [
+    "ts",
+    "kind",
+    "source",
+    "lease_id",
+    "holder_id",
+    "fencing_token",
+    "ttl_ms",
+    "event_id",
+    "backend",
+    "latency_ms",
+    "reason",
+    "max_token",
+    "mono_ms",
+    "keepalive_sent_mono_ms",
+    "deadline_mono_ms",
+    "trace_id",
+    "span_id",
+];
+
+struct CacheState {
+    auditor: Auditor,
+    /// The `lease_events` files already pushed into `auditor`.
+    files: HashSet<String>,
+    version: Option<u64>,
+    tables: Option<Arc<AuditTables>>,
+}
+
+impl CacheState {
+    fn empty(config: AuditConfig) -> CacheState {
+        CacheState {
+            auditor: Auditor::new(config),
+            files: HashSet::new(),
+            version: None,
+            tables: None,
+        }
+    }
+}
+
+/// Keeps the audit engine between queries; see the module docs.
+pub struct AuditCache {
+    config: AuditConfig,
+    state: Mutex<CacheState>,
+}
+
+impl std::fmt::Debug for AuditCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditCache")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AuditCache {
+    pub fn new(config: AuditConfig) -> AuditCache {
+        AuditCache {
+            config,
+            state: Mutex::new(CacheState::empty(config)),
+        }
+    }
+
+    pub fn config(&self) -> &AuditConfig {
+        &self.config
+    }
+
+    /// The derived tables of snapshot `m`.
+    pub async fn tables(&self, lake: &Lake, m: &Manifest) -> Result<Arc<AuditTables>> {
+        let mut st = self.state.lock().await;
+        if let Some(t) = st.tables.as_ref().filter(|t| t.version == m.version) {
+            return Ok(t.clone());
+        }
+        let files: Vec<&str> = m
+            .files_of(Table::LeaseEvents)
+            .map(|f| f.path.as_str())
+            .collect();
+        let appended_only =
+            files.len() >= st.files.len() && st.files.iter().all(|f| files.contains(&f.as_str()));
+        let newer = st.version.is_none_or(|v| m.version > v);
+        if appended_only && newer {
+            let fresh: Vec<&str> = files
+                .iter()
+                .copied()
+                .filter(|f| !st.files.contains(*f))
+                .collect();
+            for f in fresh {
+                if let Err(e) = push_file(&mut st.auditor, lake, f).await {
+                    // Part of the file may be in; pushing it again would
+                    // count its id-less events twice.
+                    *st = CacheState::empty(self.config);
+                    return Err(e);
+                }
+                st.files.insert(f.to_string());
+            }
+            st.version = Some(m.version);
+            let tables = Arc::new(derive(&mut st.auditor, m.version));
+            st.tables = Some(tables.clone());
+            return Ok(tables);
+        }
+        if newer {
+            // Files were replaced (compaction): events without an
+            // `event_id` would count twice if pushed again, so start over.
+            let mut auditor = Auditor::new(self.config);
+            for f in &files {
+                push_file(&mut auditor, lake, f).await?;
+            }
+            let tables = Arc::new(derive(&mut auditor, m.version));
+            *st = CacheState {
+                auditor,
+                files: files.iter().map(|f| f.to_string()).collect(),
+                version: Some(m.version),
+                tables: Some(tables.clone()),
+            };
+            return Ok(tables);
+        }
+        // An older snapshot than the cache's (a slow concurrent query):
+        // answer it on the side, leaving the cache as it is.
+        drop(st);
+        let mut auditor = Auditor::new(self.config);
+        for f in &files {
+            push_file(&mut auditor, lake, f).await?;
+        }
+        Ok(Arc::new(derive(&mut auditor, m.version)))
+    }
+}
+
+/// An auditor fed every event of snapshot `m`, for callers that want the
+/// engine's own types (`leaseline check`) rather than tables.
+pub async fn audit_snapshot(lake: &Lake, m: &Manifest, config: AuditConfig) -> Result<Auditor> {
+    let mut auditor = Auditor::new(config);
+    for f in m.files_of(Table::LeaseEvents) {
+        push_file(&mut auditor, lake, &f.path).await?;
+    }
+    Ok(auditor)
+}
+
+async fn push_file(auditor: &mut Auditor, lake: &Lake, path: &str) -> Result<()> {
+    for batch in parquet_io::read_columns(lake.store(), path, &AUDIT_COLUMNS).await? {
+        push_batch(auditor, &batch)?;
+    }
+    Ok(())
+}
+
+/// Pushes the events of one `lease_events` batch.
+pub fn push_batch(auditor: &mut Auditor, batch: &RecordBatch) -> Result<()> {
+    let cols = EventColumns::new(batch)?;
+    let events: Vec<LeaseEvent<'_>> = (0..cols.len())
+        .map(|i| cols.event(i))
+        .collect::<Result<_, _>>()?;
+    auditor.push_all(&events);
+    Ok(())
+}
+
+/// Reads the auditor's answers as the three tables.
+pub fn derive(auditor: &mut Auditor, version: u64) -> AuditTables {
+    AuditTables {
+        version,
+        timeline: timeline_batch(&auditor.timeline()),
+        violations: violations_batch(&auditor.violations()),
+        holders: holders_batch(&auditor.holders()),
+    }
+}
+
+fn ts_col(b: TimestampMicrosecondBuilder) -> ArrayRef {
+    let mut b = b;
+    Arc::new(b.finish().with_timezone("UTC"))
+}
+
+pub fn timeline_batch(grants: &[Grant]) -> RecordBatch {
+    let mut lease = StringBuilder::new();
+    let mut token = UInt64Builder::new();
+    let mut holder = StringBuilder::new();
+    let mut backend = StringBuilder::new();
+    let mut acquired = TimestampMicrosecondBuilder::new();
+    let mut ended = TimestampMicrosecondBuilder::new();
+    let mut end_kind = StringBuilder::new();
+    let mut ttl = Int64Builder::new();
+    let mut renewals = Int64Builder::new();
+    let mut failures = Int64Builder::new();
+    let mut gap = Float64Builder::new();
+    let mut accepted = Int64Builder::new();
+    let mut stale = Int64Builder::new();
+    let mut trace = StringBuilder::new();
+    let mut valid_until = TimestampMicrosecondBuilder::new();
+    let mut acquired_by = StringBuilder::new();
+    for g in grants {
+        lease.append_value(&g.lease_id);
+        token.append_value(g.fencing_token);
+        holder.append_value(&g.holder_id);
+        backend.append_option(g.backend.as_deref());
+        acquired.append_value(g.acquired_at);
+        ended.append_option(g.ended_at);
+        end_kind.append_value(g.end_kind.as_str());
+        ttl.append_option(g.ttl_ms);
+        renewals.append_value(count(g.renewals));
+        failures.append_value(count(g.renew_failures));
+        gap.append_option(g.max_renew_gap_ms);
+        accepted.append_value(count(g.writes_accepted));
+        stale.append_value(count(g.stale_writes_rejected));
+        trace.append_option(g.trace_id.as_deref());
+        valid_until.append_option(g.valid_until);
+        acquired_by.append_value(g.acquired_by.as_str());
+    }
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(lease.finish()),
+        Arc::new(token.finish()),
+        Arc::new(holder.finish()),
+        Arc::new(backend.finish()),
+        ts_col(acquired),
+        ts_col(ended),
+        Arc::new(end_kind.finish()),
+        Arc::new(ttl.finish()),
+        Arc::new(renewals.finish()),
+        Arc::new(failures.finish()),
+        Arc::new(gap.finish()),
+        Arc::new(accepted.finish()),
+        Arc::new(stale.finish()),
+        Arc::new(trace.finish()),
+        ts_col(valid_until),
+        Arc::new(acquired_by.finish()),
+    ];
+    RecordBatch::try_new(TIMELINE_SCHEMA.clone(), cols).expect("timeline columns match")
+}
+
+pub fn violations_batch(violations: &[Violation]) -> RecordBatch {
+    let mut kind = StringBuilder::new();
+    let mut lease = StringBuilder::new();
+    let mut token = UInt64Builder::new();
+    let mut holder = StringBuilder::new();
+    let mut at = TimestampMicrosecondBuilder::new();
+    let mut other_token = UInt64Builder::new();
+    let mut other_holder = StringBuilder::new();
+    let mut detail = StringBuilder::new();
+    let mut evidence = ListBuilder::new(StringBuilder::new());
+    for v in violations {
+        kind.append_value(v.kind.as_str());
+        lease.append_value(&v.lease_id);
+        token.append_value(v.fencing_token);
+        holder.append_option(v.holder_id.as_deref());
+        at.append_value(v.at);
+        other_token.append_option(v.other_fencing_token);
+        other_holder.append_option(v.other_holder_id.as_deref());
+        detail.append_value(&v.detail);
+        for e in &v.evidence {
+            evidence.values().append_value(e);
+        }
+        evidence.append(true);
+    }
+    let evidence = evidence.finish();
+    // ListBuilder names its items "item" and makes them nullable, as the
+    // schema says.
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(kind.finish()),
+        Arc::new(lease.finish()),
+        Arc::new(token.finish()),
+        Arc::new(holder.finish()),
+        ts_col(at),
+        Arc::new(other_token.finish()),
+        Arc::new(other_holder.finish()),
+        Arc::new(detail.finish()),
+        Arc::new(evidence),
+    ];
+    RecordBatch::try_new(VIOLATIONS_SCHEMA.clone(), cols).expect("violation columns match")
+}
+
+pub fn holders_batch(holders: &[LeaseHolder]) -> RecordBatch {
+    let mut lease = StringBuilder::new();
+    let mut holder = StringBuilder::new();
+    let mut token = UInt64Builder::new();
+    let mut valid = BooleanBuilder::new();
+    let mut acquired = TimestampMicrosecondBuilder::new();
+    let mut valid_until = TimestampMicrosecondBuilder::new();
+    let mut ended = TimestampMicrosecondBuilder::new();
+    let mut end_kind = StringBuilder::new();
+    let mut backend = StringBuilder::new();
+    let mut ttl = Int64Builder::new();
+    let mut renewals = Int64Builder::new();
+    for h in holders {
+        let g = &h.grant;
+        lease.append_value(&g.lease_id);
+        holder.append_value(&g.holder_id);
+        token.append_value(g.fencing_token);
+        valid.append_value(h.valid);
+        acquired.append_value(g.acquired_at);
+        valid_until.append_option(g.valid_until);
+        ended.append_option(g.ended_at);
+        end_kind.append_value(g.end_kind.as_str());
+        backend.append_option(g.backend.as_deref());
+        ttl.append_option(g.ttl_ms);
+        renewals.append_value(count(g.renewals));
+    }
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(lease.finish()),
+        Arc::new(holder.finish()),
+        Arc::new(token.finish()),
+        Arc::new(valid.finish()),
+        ts_col(acquired),
+        ts_col(valid_until),
+        ts_col(ended),
+        Arc::new(end_kind.finish()),
+        Arc::new(backend.finish()),
+        Arc::new(ttl.finish()),
+        Arc::new(renewals.finish()),
+    ];
+    RecordBatch::try_new(HOLDERS_SCHEMA.clone(), cols).expect("holder columns match")
+}
+
+/// Counts are BIGINT in SQL: PostgreSQL clients have no unsigned type.
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A derived table in a session: computed on first scan from the cache.
+pub(crate) struct AuditTableProvider {
+    pub view: AuditView,
+    pub source: Arc<AuditSource>,
+}
+
+/// What a session's derived tables are computed from: one snapshot, and
+/// the engine's cache.
+pub(crate) struct AuditSource {
+    pub lake: Lake,
+    pub manifest: Manifest,
+    pub cache: Arc<AuditCache>,
+    tables: tokio::sync::OnceCell<Arc<AuditTables>>,
+}
+
+impl AuditSource {
+    pub fn new(lake: Lake, manifest: Manifest, cache: Arc<AuditCache>) -> AuditSource {
+        AuditSource {
+            lake,
+            manifest,
+            cache,
+            tables: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn tables(&self) -> Result<Arc<AuditTables>> {
+        self.tables
+            .get_or_try_init(|| self.cache.tables(&self.lake, &self.manifest))
+            .await
+            .cloned()
+    }
+}
+
+impl std::fmt::Debug for AuditTableProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditTableProvider")
+            .field("view", &self.view)
+            .field("version", &self.source.manifest.version)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl TableProvider for AuditTableProvider {
+    fn schema(&self) -> SchemaRef {
+        self.view.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let tables = self.source.tables().await.map_err(|e| match e {
+            QueryError::DataFusion(e) => e,
+            other => DataFusionError::External(Box::new(other)),
+        })?;
+        let batch = tables.get(self.view).clone();
+        let mem = MemTable::try_new(self.view.schema(), vec![vec![batch]])?;
+        mem.scan(state, projection, filters, limit).await
+    }
+}
