@@ -5,31 +5,10 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 use common::*;
-
-fn sample() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/lease-events.ndjson")
-}
-
-/// A payment lease handed over badly: grant 8 starts while grant 7 is
-/// still held, the old holder's write lands after the new holder's, and a
-/// later grant goes backwards to token 5.
-const UNSAFE: &str = r#"{"ts":"2026-09-14T10:00:00.000Z","kind":"acquired","source":"coordinator","lease_id":"pay/acct-9","holder_id":"b-1","fencing_token":7,"ttl_ms":10000,"event_id":"u1"}
-{"ts":"2026-09-14T10:00:06.000Z","kind":"acquired","source":"coordinator","lease_id":"pay/acct-9","holder_id":"b-2","fencing_token":8,"ttl_ms":10000,"event_id":"u2"}
-{"ts":"2026-09-14T10:00:07.000Z","kind":"write_accepted","source":"resource","lease_id":"pay/acct-9","holder_id":"b-2","fencing_token":8,"event_id":"u3"}
-{"ts":"2026-09-14T10:00:08.000Z","kind":"write_accepted","source":"resource","lease_id":"pay/acct-9","holder_id":"b-1","fencing_token":7,"event_id":"u4"}
-{"ts":"2026-09-14T10:00:09.000Z","kind":"released","source":"holder","lease_id":"pay/acct-9","holder_id":"b-1","fencing_token":7,"event_id":"u5"}
-{"ts":"2026-09-14T10:00:20.000Z","kind":"acquired","source":"coordinator","lease_id":"pay/acct-9","holder_id":"b-3","fencing_token":5,"ttl_ms":10000,"event_id":"u6"}
-"#;
-
-fn write_unsafe(dir: &Path) -> PathBuf {
-    let p = dir.join("unsafe.ndjson");
-    std::fs::write(&p, UNSAFE).unwrap();
-    p
-}
 
 fn check(args: &[&std::ffi::OsStr]) -> Output {
     leaseline().arg("check").args(args).output().unwrap()
@@ -161,15 +140,7 @@ fn audit_tables_in_sql_agree_with_check_on_the_lake() {
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
     let file = write_unsafe(dir.path());
-    for f in [sample(), file] {
-        let out = leaseline()
-            .args(["import", "--lake"])
-            .arg(&lake)
-            .arg(&f)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
-    }
+    import_files(&lake, &[sample(), file]);
 
     // The SQL table and `check --lake` come from the same engine.
     let rows = sql(

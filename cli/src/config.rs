@@ -1,11 +1,13 @@
 //! The configuration file (TOML) and how flags and environment variables
 //! override it.
 
+use std::net::SocketAddr;
 use std::path::Path;
 
 use anyhow::Context;
 use leaseline_audit::AuditConfig;
 use leaseline_ingest::{CompactionConfig, FlushPolicy, KafkaConfig};
+use leaseline_query::QueryLimits;
 use serde::Deserialize;
 
 /// Everything `leaseline` can be configured with. Every key is optional;
@@ -22,6 +24,30 @@ pub struct Config {
     /// Tolerances of the audit (`late_fence_tolerance`,
     /// `clock_skew_tolerance`).
     pub audit: AuditConfig,
+    /// Per-query limits (`max_memory_bytes`, `timeout`).
+    pub query: QueryLimits,
+    /// `leaseline serve`.
+    pub serve: ServeConfig,
+}
+
+/// The `[serve]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// Address of the HTTP API. Default `127.0.0.1:8080`.
+    pub http_listen: SocketAddr,
+    /// Whether `serve` also consumes Kafka (with the `[kafka]`, `[flush]`
+    /// and `[compaction]` settings). Default false.
+    pub ingest: bool,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            ingest: false,
+        }
+    }
 }
 
 impl Default for Config {
@@ -32,6 +58,8 @@ impl Default for Config {
             flush: FlushPolicy::default(),
             compaction: CompactionConfig::default(),
             audit: AuditConfig::default(),
+            query: QueryLimits::default(),
+            serve: ServeConfig::default(),
         }
     }
 }

@@ -8,7 +8,7 @@
 
 mod check;
 mod config;
-mod output;
+mod serve;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -27,7 +27,7 @@ use leaseline_query::QueryEngine;
 use tracing::{error, info};
 
 use crate::config::Config;
-use crate::output::Format;
+use leaseline_query::output::{self, Format};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -67,6 +67,85 @@ struct FlushArgs {
 }
 
 #[derive(Debug, Args)]
+struct IngestArgs {
+    #[command(flatten)]
+    flush: FlushArgs,
+    /// Bootstrap brokers, `host:port[,host:port]`.
+    #[arg(long, env = "LEASELINE_KAFKA_BROKERS")]
+    brokers: Option<String>,
+    /// Topic to consume (repeat, or comma-separate in the env var).
+    #[arg(long = "topic", env = "LEASELINE_KAFKA_TOPICS", value_delimiter = ',')]
+    topics: Vec<String>,
+    /// Consumer group id.
+    #[arg(long, env = "LEASELINE_KAFKA_GROUP_ID")]
+    group_id: Option<String>,
+    /// A librdkafka property, `key=value` (repeatable), e.g. for TLS or SASL.
+    #[arg(
+        long = "kafka-property",
+        env = "LEASELINE_KAFKA_PROPERTIES",
+        value_delimiter = ';'
+    )]
+    kafka_properties: Vec<String>,
+    /// Do not compact or vacuum in the background.
+    #[arg(long, env = "LEASELINE_NO_COMPACTION")]
+    no_compaction: bool,
+    /// How often background compaction runs (e.g. `60s`).
+    #[arg(long, env = "LEASELINE_COMPACTION_INTERVAL", value_parser = humantime::parse_duration)]
+    compaction_interval: Option<Duration>,
+}
+
+impl IngestArgs {
+    fn apply(self, cfg: &mut Config) -> anyhow::Result<()> {
+        self.flush.apply(cfg);
+        if let Some(b) = self.brokers {
+            cfg.kafka.brokers = b;
+        }
+        if !self.topics.is_empty() {
+            cfg.kafka.topics = self.topics;
+        }
+        if let Some(g) = self.group_id {
+            cfg.kafka.group_id = g;
+        }
+        for p in self.kafka_properties.iter().filter(|p| !p.is_empty()) {
+            let (k, v) = p
+                .split_once('=')
+                .with_context(|| format!("--kafka-property {p:?} is not key=value"))?;
+            cfg.kafka
+                .properties
+                .insert(k.trim().into(), v.trim().into());
+        }
+        if self.no_compaction {
+            cfg.compaction.enabled = false;
+        }
+        if let Some(i) = self.compaction_interval {
+            cfg.compaction.interval = i;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Args)]
+struct QueryArgs {
+    /// Memory one query may hold (e.g. `1GiB`).
+    #[arg(long, env = "LEASELINE_QUERY_MAX_MEMORY_BYTES")]
+    query_max_memory_bytes: Option<ByteSize>,
+    /// How long one query may run (e.g. `30s`).
+    #[arg(long, env = "LEASELINE_QUERY_TIMEOUT", value_parser = humantime::parse_duration)]
+    query_timeout: Option<Duration>,
+}
+
+impl QueryArgs {
+    fn apply(&self, cfg: &mut Config) {
+        if let Some(v) = self.query_max_memory_bytes {
+            cfg.query.max_memory_bytes = v;
+        }
+        if let Some(v) = self.query_timeout {
+            cfg.query.timeout = v;
+        }
+    }
+}
+
+#[derive(Debug, Args)]
 struct AuditArgs {
     /// How late past its safe deadline a fence may come before it is a
     /// `late_fence` (e.g. `50ms`).
@@ -95,29 +174,26 @@ enum Command {
         #[command(flatten)]
         lake: LakeArgs,
         #[command(flatten)]
-        flush: FlushArgs,
-        /// Bootstrap brokers, `host:port[,host:port]`.
-        #[arg(long, env = "LEASELINE_KAFKA_BROKERS")]
-        brokers: Option<String>,
-        /// Topic to consume (repeat, or comma-separate in the env var).
-        #[arg(long = "topic", env = "LEASELINE_KAFKA_TOPICS", value_delimiter = ',')]
-        topics: Vec<String>,
-        /// Consumer group id.
-        #[arg(long, env = "LEASELINE_KAFKA_GROUP_ID")]
-        group_id: Option<String>,
-        /// A librdkafka property, `key=value` (repeatable), e.g. for TLS or SASL.
-        #[arg(
-            long = "kafka-property",
-            env = "LEASELINE_KAFKA_PROPERTIES",
-            value_delimiter = ';'
-        )]
-        kafka_properties: Vec<String>,
-        /// Do not compact or vacuum in the background.
-        #[arg(long, env = "LEASELINE_NO_COMPACTION")]
-        no_compaction: bool,
-        /// How often background compaction runs (e.g. `60s`).
-        #[arg(long, env = "LEASELINE_COMPACTION_INTERVAL", value_parser = humantime::parse_duration)]
-        compaction_interval: Option<Duration>,
+        ingest: IngestArgs,
+    },
+    /// Serve the HTTP API (and, with `--ingest`, consume Kafka in the same
+    /// process) until SIGTERM or Ctrl-C.
+    Serve {
+        #[command(flatten)]
+        lake: LakeArgs,
+        #[command(flatten)]
+        audit: AuditArgs,
+        #[command(flatten)]
+        query: QueryArgs,
+        /// Address of the HTTP API (port 0 picks a free port; the log says
+        /// which).
+        #[arg(long, env = "LEASELINE_HTTP_LISTEN")]
+        http_listen: Option<std::net::SocketAddr>,
+        /// Also consume Kafka into the lake, as `leaseline ingest` does.
+        #[arg(long, env = "LEASELINE_SERVE_INGEST")]
+        ingest: bool,
+        #[command(flatten)]
+        ingest_args: IngestArgs,
     },
     /// Import NDJSON files (`-` for standard input) into the lake.
     Import {
@@ -135,15 +211,14 @@ enum Command {
         lake: LakeArgs,
         #[command(flatten)]
         audit: AuditArgs,
+        #[command(flatten)]
+        limits: QueryArgs,
         /// The query, e.g. "SELECT count(*) FROM lease_events".
         query: String,
         /// Output format.
-        #[arg(
-            long,
-            value_enum,
-            default_value = "table",
-            env = "LEASELINE_SQL_FORMAT"
-        )]
+        /// Output format: table, csv, json, ndjson or arrow (an Arrow IPC
+        /// stream).
+        #[arg(long, default_value = "table", env = "LEASELINE_SQL_FORMAT")]
         format: Format,
     },
     /// Audit the lake (or NDJSON files) and print every safety violation.
@@ -236,42 +311,30 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
     use std::process::ExitCode;
     let mut cfg = Config::load(cli.config.as_deref())?;
     match cli.command {
-        Command::Ingest {
-            lake,
-            flush,
-            brokers,
-            topics,
-            group_id,
-            kafka_properties,
-            no_compaction,
-            compaction_interval,
-        } => {
-            flush.apply(&mut cfg);
-            if let Some(b) = brokers {
-                cfg.kafka.brokers = b;
-            }
-            if !topics.is_empty() {
-                cfg.kafka.topics = topics;
-            }
-            if let Some(g) = group_id {
-                cfg.kafka.group_id = g;
-            }
-            for p in kafka_properties.iter().filter(|p| !p.is_empty()) {
-                let (k, v) = p
-                    .split_once('=')
-                    .with_context(|| format!("--kafka-property {p:?} is not key=value"))?;
-                cfg.kafka
-                    .properties
-                    .insert(k.trim().into(), v.trim().into());
-            }
-            if no_compaction {
-                cfg.compaction.enabled = false;
-            }
-            if let Some(i) = compaction_interval {
-                cfg.compaction.interval = i;
-            }
+        Command::Ingest { lake, ingest } => {
+            ingest.apply(&mut cfg)?;
             let lake = lake.open(&cfg)?;
             run_ingest(lake, cfg).await.map(|()| ExitCode::SUCCESS)
+        }
+        Command::Serve {
+            lake,
+            audit,
+            query,
+            http_listen,
+            ingest,
+            ingest_args,
+        } => {
+            audit.apply(&mut cfg);
+            query.apply(&mut cfg);
+            ingest_args.apply(&mut cfg)?;
+            if let Some(a) = http_listen {
+                cfg.serve.http_listen = a;
+            }
+            if ingest {
+                cfg.serve.ingest = true;
+            }
+            let lake = lake.open(&cfg)?;
+            serve::run(lake, cfg).await.map(|()| ExitCode::SUCCESS)
         }
         Command::Import { lake, flush, files } => {
             flush.apply(&mut cfg);
@@ -283,15 +346,18 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Sql {
             lake,
             audit,
+            limits,
             query,
             format,
         } => {
             audit.apply(&mut cfg);
-            let engine = QueryEngine::with_audit_config(lake.open(&cfg)?, cfg.audit);
-            let batches = engine.sql(&query).await?;
+            limits.apply(&mut cfg);
+            let engine =
+                QueryEngine::with_audit_config(lake.open(&cfg)?, cfg.audit).with_limits(cfg.query);
+            let result = engine.query(&query).await?;
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
-            output::write(format, &batches, &mut out)?;
+            output::write(format, &result.schema, &result.batches, &mut out)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check {
@@ -345,7 +411,7 @@ fn policy(c: &CompactionConfig) -> CompactionPolicy {
 }
 
 /// Resolves when SIGINT or SIGTERM arrives.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -368,7 +434,16 @@ async fn run_ingest(lake: Lake, cfg: Config) -> anyhow::Result<()> {
         info!("shutdown requested");
         signal_stop.store(true, Ordering::SeqCst);
     });
+    ingest_until(lake, &cfg, stop).await
+}
 
+/// Consumes Kafka into the lake until `stop` is set, compacting in the
+/// background; returns after the final flush and offset commit.
+pub(crate) async fn ingest_until(
+    lake: Lake,
+    cfg: &Config,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
     let compactor = cfg.compaction.enabled.then(|| {
         let lake = lake.clone();
         let c = cfg.compaction.clone();
@@ -398,7 +473,7 @@ async fn run_ingest(lake: Lake, cfg: Config) -> anyhow::Result<()> {
         duplicates = stats.duplicates,
         rejects = stats.rejects,
         files = stats.files_written,
-        "stopped cleanly"
+        "ingest stopped cleanly"
     );
     Ok(())
 }

@@ -211,7 +211,17 @@ impl AuditCache {
     }
 
     /// The derived tables of snapshot `m`.
-    pub async fn tables(&self, lake: &Lake, m: &Manifest) -> Result<Arc<AuditTables>> {
+    ///
+    /// The work runs in its own task: a query that times out or is
+    /// cancelled must not leave the shared engine with half a file pushed.
+    pub async fn tables(self: &Arc<Self>, lake: &Lake, m: &Manifest) -> Result<Arc<AuditTables>> {
+        let (cache, lake, m) = (self.clone(), lake.clone(), m.clone());
+        tokio::spawn(async move { cache.update(&lake, &m).await })
+            .await
+            .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))?
+    }
+
+    async fn update(&self, lake: &Lake, m: &Manifest) -> Result<Arc<AuditTables>> {
         let mut st = self.state.lock().await;
         if let Some(t) = st.tables.as_ref().filter(|t| t.version == m.version) {
             return Ok(t.clone());

@@ -27,14 +27,19 @@ use datafusion::datasource::listing::{
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use leaseline_audit::AuditConfig;
 use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
 use leaseline_schema::ReadError;
 
 pub mod audit;
+mod limits;
+pub mod output;
 
 pub use crate::audit::{AuditCache, AuditTables, AuditView};
 use crate::audit::{AuditSource, AuditTableProvider};
+pub use crate::limits::QueryLimits;
 
 /// Why a query failed.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +53,9 @@ pub enum QueryError {
     /// A `lease_events` file the audit could not read as events.
     #[error("{0}")]
     Events(#[from] ReadError),
+    /// The query ran longer than [`QueryLimits::timeout`].
+    #[error("query timed out after {0:?} (the limit is query.timeout)")]
+    Timeout(std::time::Duration),
 }
 
 impl QueryError {
@@ -56,13 +64,19 @@ impl QueryError {
     pub fn is_client_error(&self) -> bool {
         match self {
             QueryError::DataFusion(e) => is_client_error(e),
-            QueryError::Lake(_) | QueryError::Events(_) => false,
+            QueryError::Lake(_) | QueryError::Events(_) | QueryError::Timeout(_) => false,
         }
     }
 
-    /// True when the query ran out of its memory or other resource budget.
+    /// True when the query ran out of its memory or time budget: HTTP 503.
     pub fn is_resource_exhausted(&self) -> bool {
-        matches!(self, QueryError::DataFusion(e) if matches!(e.find_root(), DataFusionError::ResourcesExhausted(_)))
+        match self {
+            QueryError::Timeout(_) => true,
+            QueryError::DataFusion(e) => {
+                matches!(e.find_root(), DataFusionError::ResourcesExhausted(_))
+            }
+            _ => false,
+        }
     }
 }
 
@@ -79,11 +93,19 @@ fn is_client_error(e: &DataFusionError) -> bool {
 
 pub type Result<T, E = QueryError> = std::result::Result<T, E>;
 
+/// A collected query result.
+#[derive(Debug, Clone)]
+pub struct QueryResult {
+    pub schema: arrow::datatypes::SchemaRef,
+    pub batches: Vec<RecordBatch>,
+}
+
 /// Runs read-only SQL over the lake.
 #[derive(Debug, Clone)]
 pub struct QueryEngine {
     lake: Lake,
     audit: Arc<AuditCache>,
+    limits: QueryLimits,
 }
 
 impl QueryEngine {
@@ -96,7 +118,18 @@ impl QueryEngine {
         QueryEngine {
             lake,
             audit: Arc::new(AuditCache::new(config)),
+            limits: QueryLimits::default(),
         }
+    }
+
+    /// The same engine with other per-query limits.
+    pub fn with_limits(mut self, limits: QueryLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    pub fn limits(&self) -> &QueryLimits {
+        &self.limits
     }
 
     pub fn audit_cache(&self) -> &Arc<AuditCache> {
@@ -124,7 +157,16 @@ impl QueryEngine {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_default_catalog_and_schema("leaseline", "public");
-        let ctx = SessionContext::new_with_config(config);
+        // A runtime per session, so the memory limit is per query. Spilling
+        // is off: a read-only service writes no temporary files, and a
+        // query over its budget fails clearly instead of filling a disk.
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(self.limits.max_memory_bytes.as_u64() as usize, 1.0)
+            .with_disk_manager_builder(
+                DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
+            )
+            .build_arc()?;
+        let ctx = SessionContext::new_with_config_rt(config, runtime);
         let store = self.lake.store();
         // A local lake's store is rooted at the lake directory, while
         // DataFusion resolves file:// URLs from the file system root with
@@ -178,10 +220,33 @@ impl QueryEngine {
         Ok(Arc::new(ListingTable::try_new(config)?))
     }
 
-    /// Runs one read-only statement and collects its result.
+    /// Runs one read-only statement under the engine's limits and collects
+    /// its result.
     pub async fn sql(&self, query: &str) -> Result<Vec<RecordBatch>> {
-        let ctx = self.session().await?;
-        run_read_only(&ctx, query).await
+        Ok(self.query(query).await?.batches)
+    }
+
+    /// Like [`QueryEngine::sql`], with the result's schema (which an empty
+    /// result still has).
+    pub async fn query(&self, query: &str) -> Result<QueryResult> {
+        self.with_timeout(async {
+            let ctx = self.session().await?;
+            let df = ctx.sql_with_options(query, read_only_options()).await?;
+            let schema = Arc::new(df.schema().as_arrow().clone());
+            let batches = df.collect().await?;
+            Ok(QueryResult { schema, batches })
+        })
+        .await
+    }
+
+    /// Runs `work` under the engine's query timeout.
+    pub async fn with_timeout<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        tokio::time::timeout(self.limits.timeout, work)
+            .await
+            .map_err(|_| QueryError::Timeout(self.limits.timeout))?
     }
 }
 

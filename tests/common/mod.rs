@@ -445,3 +445,153 @@ pub fn read_to_string(mut r: impl Read) -> String {
     r.read_to_string(&mut s).unwrap();
     s
 }
+
+/// The quick-start sample (78 events, clean, 4 malformed lines).
+pub fn sample() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/lease-events.ndjson")
+}
+
+/// A payment lease handed over badly: grant 8 starts while grant 7 is
+/// still held, the old holder's write lands after the new holder's, and a
+/// later grant goes backwards to token 5.
+pub const UNSAFE: &str = r#"{"ts":"2026-09-14T10:00:00.000Z","kind":"acquired","source":"coordinator","lease_id":"pay/acct-9","holder_id":"b-1","fencing_token":7,"ttl_ms":10000,"event_id":"u1"}
+{"ts":"2026-09-14T10:00:06.000Z","kind":"acquired","source":"coordinator","lease_id":"pay/acct-9","holder_id":"b-2","fencing_token":8,"ttl_ms":10000,"event_id":"u2"}
+{"ts":"2026-09-14T10:00:07.000Z","kind":"write_accepted","source":"resource","lease_id":"pay/acct-9","holder_id":"b-2","fencing_token":8,"event_id":"u3"}
+{"ts":"2026-09-14T10:00:08.000Z","kind":"write_accepted","source":"resource","lease_id":"pay/acct-9","holder_id":"b-1","fencing_token":7,"event_id":"u4"}
+{"ts":"2026-09-14T10:00:09.000Z","kind":"released","source":"holder","lease_id":"pay/acct-9","holder_id":"b-1","fencing_token":7,"event_id":"u5"}
+{"ts":"2026-09-14T10:00:20.000Z","kind":"acquired","source":"coordinator","lease_id":"pay/acct-9","holder_id":"b-3","fencing_token":5,"ttl_ms":10000,"event_id":"u6"}
+"#;
+
+pub fn write_unsafe(dir: &Path) -> PathBuf {
+    let p = dir.join("unsafe.ndjson");
+    std::fs::write(&p, UNSAFE).unwrap();
+    p
+}
+
+/// Imports NDJSON files into the lake with `leaseline import`.
+pub fn import_files(lake: &Path, files: &[PathBuf]) {
+    let out = leaseline()
+        .args(["import", "--lake"])
+        .arg(lake)
+        .args(files)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "import failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `leaseline serve` on a free port, killed on drop.
+pub struct Server {
+    pub proc: Proc,
+    /// `http://127.0.0.1:PORT`
+    pub http: String,
+}
+
+impl Server {
+    /// Starts `leaseline serve --lake LAKE --http-listen 127.0.0.1:0 ARGS`
+    /// and waits until `/health` answers.
+    pub fn start(lake: &Path, args: &[&str], dir: &Path) -> Server {
+        let mut cmd = leaseline();
+        cmd.args(["serve", "--lake"])
+            .arg(lake)
+            .args(["--http-listen", "127.0.0.1:0"])
+            .args(args)
+            .env("LEASELINE_LOG", "info");
+        // One log per server: a second server in the same directory must
+        // not find the first one's address.
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let proc = Proc::spawn(&format!("serve-{n}"), cmd, dir);
+        let marker = "HTTP API listening on http://";
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let http = loop {
+            let logs = proc.logs();
+            if let Some(i) = logs.find(marker) {
+                let rest = &logs[i + marker.len()..];
+                let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+                break format!("http://{addr}");
+            }
+            assert!(Instant::now() < deadline, "serve did not start:\n{logs}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let server = Server { proc, http };
+        assert!(
+            wait_until(Duration::from_secs(30), || server.get("/health").status
+                == 200),
+            "health never answered 200"
+        );
+        server
+    }
+
+    pub fn get(&self, path: &str) -> HttpReply {
+        curl(&[&format!("{}{path}", self.http)])
+    }
+
+    pub fn get_as(&self, path: &str, accept: &str) -> HttpReply {
+        curl(&[
+            "-H",
+            &format!("Accept: {accept}"),
+            &format!("{}{path}", self.http),
+        ])
+    }
+
+    /// POSTs `body` to `/api/v1/sql` with extra curl arguments.
+    pub fn sql(&self, body: &str, args: &[&str]) -> HttpReply {
+        let url = format!("{}/api/v1/sql", self.http);
+        let mut all = vec!["-X", "POST", "--data-binary", body];
+        all.extend_from_slice(args);
+        all.push(&url);
+        curl(&all)
+    }
+}
+
+/// An HTTP reply, as curl saw it.
+#[derive(Debug)]
+pub struct HttpReply {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
+impl HttpReply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// Runs curl; the status and content type come from `--write-out`.
+pub fn curl(args: &[&str]) -> HttpReply {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "60",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code} %{content_type}",
+        ])
+        .args(args)
+        .output()
+        .expect("curl");
+    let mut body = out.stdout;
+    let pos = body.iter().rposition(|b| *b == b'\n').unwrap_or(0);
+    let trailer = String::from_utf8_lossy(&body[pos + 1..]).into_owned();
+    body.truncate(pos);
+    let mut parts = trailer.splitn(2, ' ');
+    let status = parts.next().unwrap_or("0").parse().unwrap_or(0);
+    let content_type = parts.next().unwrap_or("").to_string();
+    HttpReply {
+        status,
+        content_type,
+        body,
+    }
+}

@@ -1,0 +1,77 @@
+//! `leaseline serve`: the HTTP API, and optionally ingest, in one process.
+//!
+//! Shutdown runs in order: stop consuming, flush the last Parquet file and
+//! commit offsets (all inside the ingest task), and only then stop serving,
+//! so queries keep working until the lake holds everything consumed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use leaseline_lake::Lake;
+use leaseline_query::QueryEngine;
+use leaseline_server::http::{router, AppState};
+use tracing::{error, info};
+
+use crate::config::Config;
+
+pub async fn run(lake: Lake, cfg: Config) -> anyhow::Result<()> {
+    let engine =
+        Arc::new(QueryEngine::with_audit_config(lake.clone(), cfg.audit).with_limits(cfg.query));
+    let listener = tokio::net::TcpListener::bind(cfg.serve.http_listen)
+        .await
+        .with_context(|| format!("binding the HTTP API to {}", cfg.serve.http_listen))?;
+    let addr = listener.local_addr()?;
+    info!(%addr, "HTTP API listening on http://{addr}");
+
+    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = router(AppState { engine });
+    let http = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = http_stopped.await;
+            })
+            .await
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut ingest = cfg.serve.ingest.then(|| {
+        let (lake, cfg, stop) = (lake.clone(), cfg.clone(), stop.clone());
+        tokio::spawn(async move { crate::ingest_until(lake, &cfg, stop).await })
+    });
+
+    // Run until a signal, or until ingest stops on its own (an error).
+    let early = match ingest.as_mut() {
+        Some(task) => tokio::select! {
+            _ = crate::shutdown_signal() => None,
+            r = task => Some(r),
+        },
+        None => {
+            crate::shutdown_signal().await;
+            None
+        }
+    };
+    info!("shutdown requested");
+    stop.store(true, Ordering::SeqCst);
+    let ingest_result = match early {
+        Some(r) => Some(r),
+        None => match ingest {
+            Some(task) => Some(task.await),
+            None => None,
+        },
+    };
+    let _ = http_stop.send(());
+    match http.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => error!(error = %e, "HTTP server failed"),
+        Err(e) => error!(error = %e, "HTTP server task failed"),
+    }
+    match ingest_result {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => Err(anyhow::anyhow!("ingest task failed: {e}")),
+        None => {
+            info!("stopped cleanly");
+            Ok(())
+        }
+    }
+}

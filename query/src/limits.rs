@@ -1,0 +1,29 @@
+//! Per-query limits, from the `[query]` table of the configuration file.
+
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+/// What one query may use. A query over either limit fails with a
+/// resource error (HTTP 503, a PostgreSQL error on the wire) and leaves
+/// other queries alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueryLimits {
+    /// Memory the query's operators may hold at once (sorts, joins,
+    /// aggregations), e.g. `"1GiB"`. Nothing spills to disk. Default 1 GiB.
+    pub max_memory_bytes: ByteSize,
+    /// How long a query may run, planning included (`"30s"`). Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for QueryLimits {
+    fn default() -> Self {
+        QueryLimits {
+            max_memory_bytes: ByteSize::gib(1),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}

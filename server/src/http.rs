@@ -1,0 +1,277 @@
+//! The HTTP API (axum).
+//!
+//! - `POST /api/v1/sql`: the body is the query (or `{"query": "..."}` with
+//!   `Content-Type: application/json`); the `Accept` header picks JSON rows
+//!   (the default), CSV, NDJSON or an Arrow IPC stream.
+//! - `GET /api/v1/leases/{lease_id}/timeline?from=&to=`: the grants of one
+//!   lease that overlap `[from, to)`. Lease ids contain `/`: percent-encode
+//!   it (`orders%2Forder-123`).
+//! - `GET /api/v1/violations?kind=&lease_id=&from=&to=`: violations, by time.
+//! - `GET /health`: 200 with the lake version when the lake can be read.
+//!
+//! Times are RFC 3339 (`2026-09-14T10:00:00Z`) or epoch milliseconds.
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::DateTime;
+use datafusion::dataframe::DataFrame;
+use datafusion::prelude::{col, lit, Expr};
+use datafusion::scalar::ScalarValue;
+use leaseline_audit::ViolationKind;
+use leaseline_query::output::{self, Format};
+use leaseline_query::{QueryEngine, QueryResult};
+use serde::Deserialize;
+
+use crate::error::ServerError;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Arc<QueryEngine>,
+}
+
+/// The API's routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/api/v1/sql", post(sql))
+        .route("/api/v1/leases/{lease_id}/timeline", get(timeline))
+        .route("/api/v1/violations", get(violations))
+        .with_state(state)
+}
+
+async fn health(State(s): State<AppState>) -> Response {
+    match s.engine.lake().latest().await {
+        Ok(m) => Json(serde_json::json!({
+            "status": "ok",
+            "lake_version": m.version,
+        }))
+        .into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "status": "unavailable",
+                "message": e.to_string(),
+            })),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SqlBody {
+    query: String,
+}
+
+async fn sql(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ServerError> {
+    let format = negotiate(&headers)?;
+    let json_body = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| media_type(v) == "application/json");
+    let query = if json_body {
+        serde_json::from_slice::<SqlBody>(&body)
+            .map_err(|e| ServerError::BadRequest(format!("request body: {e}")))?
+            .query
+    } else {
+        String::from_utf8(body.to_vec())
+            .map_err(|_| ServerError::BadRequest("the query is not UTF-8".into()))?
+    };
+    if query.trim().is_empty() {
+        return Err(ServerError::BadRequest("empty query".into()));
+    }
+    let result = s.engine.query(&query).await?;
+    respond(format, &result)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct TimeRange {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+async fn timeline(
+    State(s): State<AppState>,
+    Path(lease_id): Path<String>,
+    Query(range): Query<TimeRange>,
+    headers: HeaderMap,
+) -> Result<Response, ServerError> {
+    let format = negotiate(&headers)?;
+    let (from, to) = (
+        time_param("from", &range.from)?,
+        time_param("to", &range.to)?,
+    );
+    let engine = s.engine.clone();
+    let result = engine
+        .with_timeout(async {
+            let ctx = engine.session().await?;
+            let mut df = ctx
+                .table("lease_timeline")
+                .await
+                .map_err(leaseline_query::QueryError::from)?
+                .filter(col("lease_id").eq(lit(lease_id)))
+                .map_err(leaseline_query::QueryError::from)?;
+            // A grant overlaps [from, to) when it began before `to` and had
+            // not ended by `from` (an open grant has no end).
+            if let Some(to) = to {
+                df = filter(df, col("acquired_at").lt(ts_lit(to)))?;
+            }
+            if let Some(from) = from {
+                df = filter(
+                    df,
+                    col("ended_at")
+                        .is_null()
+                        .or(col("ended_at").gt(ts_lit(from))),
+                )?;
+            }
+            collect(df, "acquired_at").await
+        })
+        .await?;
+    respond(format, &result)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ViolationFilter {
+    kind: Option<String>,
+    lease_id: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+async fn violations(
+    State(s): State<AppState>,
+    Query(f): Query<ViolationFilter>,
+    headers: HeaderMap,
+) -> Result<Response, ServerError> {
+    let format = negotiate(&headers)?;
+    let kind = match f.kind.as_deref() {
+        None => None,
+        Some(k) => Some(ViolationKind::parse(k).ok_or_else(|| {
+            let all: Vec<&str> = ViolationKind::ALL.iter().map(|k| k.as_str()).collect();
+            ServerError::BadRequest(format!(
+                "unknown violation kind {k:?}; one of {}",
+                all.join(", ")
+            ))
+        })?),
+    };
+    let (from, to) = (time_param("from", &f.from)?, time_param("to", &f.to)?);
+    let engine = s.engine.clone();
+    let result = engine
+        .with_timeout(async {
+            let ctx = engine.session().await?;
+            let mut df = ctx
+                .table("lease_violations")
+                .await
+                .map_err(leaseline_query::QueryError::from)?;
+            if let Some(k) = kind {
+                df = filter(df, col("kind").eq(lit(k.as_str())))?;
+            }
+            if let Some(l) = f.lease_id {
+                df = filter(df, col("lease_id").eq(lit(l)))?;
+            }
+            if let Some(from) = from {
+                df = filter(df, col("at").gt_eq(ts_lit(from)))?;
+            }
+            if let Some(to) = to {
+                df = filter(df, col("at").lt(ts_lit(to)))?;
+            }
+            collect(df, "at").await
+        })
+        .await?;
+    respond(format, &result)
+}
+
+fn filter(df: DataFrame, e: Expr) -> leaseline_query::Result<DataFrame> {
+    Ok(df.filter(e)?)
+}
+
+async fn collect(df: DataFrame, order_by: &str) -> leaseline_query::Result<QueryResult> {
+    let df = df.sort(vec![
+        col(order_by).sort(true, false),
+        col("lease_id").sort(true, false),
+    ])?;
+    let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await?;
+    Ok(QueryResult { schema, batches })
+}
+
+fn ts_lit(us: i64) -> Expr {
+    lit(ScalarValue::TimestampMicrosecond(
+        Some(us),
+        Some("UTC".into()),
+    ))
+}
+
+/// A time parameter: RFC 3339 or epoch milliseconds; microseconds out.
+fn time_param(name: &str, v: &Option<String>) -> Result<Option<i64>, ServerError> {
+    let Some(v) = v.as_deref() else {
+        return Ok(None);
+    };
+    if let Ok(ms) = v.parse::<i64>() {
+        return ms
+            .checked_mul(1000)
+            .map(Some)
+            .ok_or_else(|| ServerError::BadRequest(format!("{name}={v} is out of range")));
+    }
+    DateTime::parse_from_rfc3339(v)
+        .map(|t| Some(t.timestamp_micros()))
+        .map_err(|e| {
+            ServerError::BadRequest(format!(
+                "{name}={v:?} is neither RFC 3339 nor epoch milliseconds: {e}"
+            ))
+        })
+}
+
+fn media_type(v: &str) -> &str {
+    v.split(';').next().unwrap_or("").trim()
+}
+
+/// The response format from the `Accept` header: the first listed type we
+/// can produce; JSON when there is no header or it accepts anything.
+fn negotiate(headers: &HeaderMap) -> Result<Format, ServerError> {
+    let Some(accept) = headers.get(header::ACCEPT) else {
+        return Ok(Format::Json);
+    };
+    let accept = accept
+        .to_str()
+        .map_err(|_| ServerError::BadRequest("unreadable Accept header".into()))?;
+    for item in accept.split(',') {
+        let media = media_type(item);
+        if matches!(media, "*/*" | "application/*" | "") {
+            return Ok(Format::Json);
+        }
+        if let Some(f) = Format::from_media_type(media).filter(|f| *f != Format::Table) {
+            return Ok(f);
+        }
+    }
+    Err(ServerError::NotAcceptable(format!(
+        "cannot answer {accept:?}; use application/json, text/csv, application/x-ndjson \
+         or application/vnd.apache.arrow.stream"
+    )))
+}
+
+fn respond(format: Format, result: &QueryResult) -> Result<Response, ServerError> {
+    let mut body = Vec::new();
+    output::write(format, &result.schema, &result.batches, &mut body)
+        .map_err(|e| ServerError::Io(std::io::Error::other(e)))?;
+    let mut resp = (StatusCode::OK, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(format.content_type()),
+    );
+    Ok(resp)
+}

@@ -1,0 +1,20 @@
+//! The query surfaces of `leaseline serve`.
+//!
+//! What enters: HTTP requests (SQL text, lease and violation lookups) and,
+//! with [`pg`], PostgreSQL wire-protocol connections from psql or Grafana.
+//! What leaves: rows from a [`leaseline_query::QueryEngine`] as JSON, CSV or
+//! Arrow IPC, or PostgreSQL result sets; errors as JSON with a status that
+//! says whose fault they are (400 a bad query, 503 a query over its memory
+//! or time limit, 500 a bug).
+//!
+//! Key types: [`http::router`] and [`http::AppState`] for the HTTP API,
+//! [`ServerError`].
+//!
+//! Every surface is read-only: the engine refuses DDL, DML, `COPY` and
+//! `SET`, and reads nothing but the lake's tables.
+
+pub mod http;
+
+mod error;
+
+pub use crate::error::ServerError;
