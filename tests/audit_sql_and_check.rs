@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::process::Output;
 
 use common::*;

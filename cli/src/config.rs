@@ -39,6 +39,32 @@ pub struct ServeConfig {
     /// Whether `serve` also consumes Kafka (with the `[kafka]`, `[flush]`
     /// and `[compaction]` settings). Default false.
     pub ingest: bool,
+    /// Address of the PostgreSQL wire protocol (psql, Grafana); `false`
+    /// turns it off. Default `127.0.0.1:5432`.
+    #[serde(deserialize_with = "listen_or_off")]
+    pub pg_listen: Option<SocketAddr>,
+    /// The PostgreSQL user. Default `leaseline`.
+    pub pg_user: String,
+    /// The PostgreSQL password (SCRAM-SHA-256). Without one, anyone may
+    /// connect, which `serve` only allows on a loopback address.
+    pub pg_password: Option<String>,
+}
+
+/// An address, or `false` for off.
+fn listen_or_off<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Listen {
+        Off(bool),
+        At(SocketAddr),
+    }
+    match Listen::deserialize(d)? {
+        Listen::At(a) => Ok(Some(a)),
+        Listen::Off(false) => Ok(None),
+        Listen::Off(true) => Err(serde::de::Error::custom(
+            "pg_listen is an address, or false to turn it off",
+        )),
+    }
 }
 
 impl Default for ServeConfig {
@@ -46,6 +72,9 @@ impl Default for ServeConfig {
         ServeConfig {
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             ingest: false,
+            pg_listen: Some(SocketAddr::from(([127, 0, 0, 1], 5432))),
+            pg_user: "leaseline".into(),
+            pg_password: None,
         }
     }
 }
@@ -98,6 +127,8 @@ mod tests {
             retention = "30m"
             [audit]
             late_fence_tolerance = "80ms"
+            [serve]
+            pg_listen = false
             "#,
         )
         .unwrap();
@@ -116,6 +147,10 @@ mod tests {
             std::time::Duration::from_millis(250),
             "unset keys keep their defaults"
         );
+
+        assert_eq!(c.serve.pg_listen, None);
+        let on: Config = toml::from_str("[serve]\npg_listen = \"0.0.0.0:6432\"\n").unwrap();
+        assert_eq!(on.serve.pg_listen, Some("0.0.0.0:6432".parse().unwrap()));
 
         let err = toml::from_str::<Config>("[flush]\nmax_row = 1\n").unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");

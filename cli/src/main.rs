@@ -189,6 +189,19 @@ enum Command {
         /// which).
         #[arg(long, env = "LEASELINE_HTTP_LISTEN")]
         http_listen: Option<std::net::SocketAddr>,
+        /// Address of the PostgreSQL wire protocol (port 0 picks a free port).
+        #[arg(long, env = "LEASELINE_PG_LISTEN")]
+        pg_listen: Option<std::net::SocketAddr>,
+        /// Do not serve the PostgreSQL protocol.
+        #[arg(long, env = "LEASELINE_NO_PG")]
+        no_pg: bool,
+        /// The PostgreSQL user (default `leaseline`).
+        #[arg(long, env = "LEASELINE_PG_USER")]
+        pg_user: Option<String>,
+        /// The PostgreSQL password; required unless `--pg-listen` is a
+        /// loopback address.
+        #[arg(long, env = "LEASELINE_PG_PASSWORD", hide_env_values = true)]
+        pg_password: Option<String>,
         /// Also consume Kafka into the lake, as `leaseline ingest` does.
         #[arg(long, env = "LEASELINE_SERVE_INGEST")]
         ingest: bool,
@@ -321,9 +334,25 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             audit,
             query,
             http_listen,
+            pg_listen,
+            no_pg,
+            pg_user,
+            pg_password,
             ingest,
             ingest_args,
         } => {
+            if let Some(a) = pg_listen {
+                cfg.serve.pg_listen = Some(a);
+            }
+            if no_pg {
+                cfg.serve.pg_listen = None;
+            }
+            if let Some(u) = pg_user {
+                cfg.serve.pg_user = u;
+            }
+            if pg_password.is_some() {
+                cfg.serve.pg_password = pg_password;
+            }
             audit.apply(&mut cfg);
             query.apply(&mut cfg);
             ingest_args.apply(&mut cfg)?;

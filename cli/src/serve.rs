@@ -1,4 +1,5 @@
-//! `leaseline serve`: the HTTP API, and optionally ingest, in one process.
+//! `leaseline serve`: the HTTP API, the PostgreSQL protocol, and optionally
+//! ingest, in one process.
 //!
 //! Shutdown runs in order: stop consuming, flush the last Parquet file and
 //! commit offsets (all inside the ingest task), and only then stop serving,
@@ -24,8 +25,42 @@ pub async fn run(lake: Lake, cfg: Config) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     info!(%addr, "HTTP API listening on http://{addr}");
 
+    let (pg_stop, pg) = match cfg.serve.pg_listen {
+        Some(addr) => {
+            if !addr.ip().is_loopback() && cfg.serve.pg_password.is_none() {
+                anyhow::bail!(
+                    "refusing to serve PostgreSQL on {addr} without a password: set \
+                     serve.pg_password (or LEASELINE_PG_PASSWORD), or listen on a loopback address"
+                );
+            }
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the PostgreSQL protocol to {addr}"))?;
+            let bound = listener.local_addr()?;
+            info!(addr = %bound, auth = cfg.serve.pg_password.is_some(), "PostgreSQL listening on {bound}");
+            let ctx = Arc::new(engine.live_session()?);
+            let auth = cfg
+                .serve
+                .pg_password
+                .clone()
+                .map(|p| (cfg.serve.pg_user.clone(), p));
+            let timeout = cfg.query.timeout;
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(async move {
+                leaseline_server::pg::serve(ctx, auth, timeout, listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+            });
+            (Some(stop), Some(task))
+        }
+        None => (None, None),
+    };
+
     let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let app = router(AppState { engine });
+    let app = router(AppState {
+        engine: engine.clone(),
+    });
     let http = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
@@ -61,10 +96,20 @@ pub async fn run(lake: Lake, cfg: Config) -> anyhow::Result<()> {
         },
     };
     let _ = http_stop.send(());
+    if let Some(stop) = pg_stop {
+        let _ = stop.send(());
+    }
     match http.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => error!(error = %e, "HTTP server failed"),
         Err(e) => error!(error = %e, "HTTP server task failed"),
+    }
+    if let Some(pg) = pg {
+        match pg.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => error!(error = %e, "PostgreSQL server failed"),
+            Err(e) => error!(error = %e, "PostgreSQL server task failed"),
+        }
     }
     match ingest_result {
         Some(Ok(r)) => r,

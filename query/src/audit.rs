@@ -515,7 +515,8 @@ impl TableProvider for AuditTableProvider {
     }
 
     fn table_type(&self) -> TableType {
-        TableType::View
+        // Listed with the lake's tables by psql's `\dt` and Grafana.
+        TableType::Base
     }
 
     async fn scan(

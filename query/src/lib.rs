@@ -154,6 +154,55 @@ impl QueryEngine {
 
     /// A session over one manifest snapshot.
     pub fn session_at(&self, manifest: &Manifest) -> Result<SessionContext> {
+        let ctx = self.empty_session()?;
+        for table in Table::ALL {
+            ctx.register_table(table.name(), self.table_provider(manifest, table)?)?;
+        }
+        let source = Arc::new(AuditSource::new(
+            self.lake.clone(),
+            manifest.clone(),
+            self.audit.clone(),
+        ));
+        for view in AuditView::ALL {
+            ctx.register_table(
+                view.name(),
+                Arc::new(AuditTableProvider {
+                    view,
+                    source: source.clone(),
+                }),
+            )?;
+        }
+        Ok(ctx)
+    }
+
+    /// A long-lived session whose tables read the lake's newest snapshot at
+    /// every scan, for servers that keep one context (the PostgreSQL wire
+    /// protocol). Its memory limit is shared by all queries that run in it
+    /// at once.
+    pub fn live_session(&self) -> Result<SessionContext> {
+        let ctx = self.empty_session()?;
+        for table in Table::ALL {
+            ctx.register_table(
+                table.name(),
+                Arc::new(LiveTable {
+                    engine: self.clone(),
+                    kind: LiveKind::Lake(table),
+                }),
+            )?;
+        }
+        for view in AuditView::ALL {
+            ctx.register_table(
+                view.name(),
+                Arc::new(LiveTable {
+                    engine: self.clone(),
+                    kind: LiveKind::Audit(view),
+                }),
+            )?;
+        }
+        Ok(ctx)
+    }
+
+    fn empty_session(&self) -> Result<SessionContext> {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_default_catalog_and_schema("leaseline", "public");
@@ -174,23 +223,6 @@ impl QueryEngine {
         // DataFusion expects.
         if !store.is_local() {
             ctx.register_object_store(store.url(), store.object_store());
-        }
-        for table in Table::ALL {
-            ctx.register_table(table.name(), self.table_provider(manifest, table)?)?;
-        }
-        let source = Arc::new(AuditSource::new(
-            self.lake.clone(),
-            manifest.clone(),
-            self.audit.clone(),
-        ));
-        for view in AuditView::ALL {
-            ctx.register_table(
-                view.name(),
-                Arc::new(AuditTableProvider {
-                    view,
-                    source: source.clone(),
-                }),
-            )?;
         }
         Ok(ctx)
     }
@@ -263,4 +295,66 @@ pub fn read_only_options() -> SQLOptions {
 pub async fn run_read_only(ctx: &SessionContext, query: &str) -> Result<Vec<RecordBatch>> {
     let df = ctx.sql_with_options(query, read_only_options()).await?;
     Ok(df.collect().await?)
+}
+
+/// Which table a [`LiveTable`] is.
+#[derive(Debug, Clone, Copy)]
+enum LiveKind {
+    Lake(Table),
+    Audit(AuditView),
+}
+
+/// A table that resolves the lake's newest snapshot when scanned. It only
+/// scans: writes through it are refused by DataFusion's defaults.
+#[derive(Debug)]
+struct LiveTable {
+    engine: QueryEngine,
+    kind: LiveKind,
+}
+
+#[async_trait::async_trait]
+impl TableProvider for LiveTable {
+    fn schema(&self) -> arrow::datatypes::SchemaRef {
+        match self.kind {
+            LiveKind::Lake(t) => parquet_io::schema_of(t),
+            LiveKind::Audit(v) => v.schema(),
+        }
+    }
+
+    fn table_type(&self) -> datafusion::datasource::TableType {
+        // The audit's tables are tables to their users: psql's `\dt` and
+        // Grafana's table picker list base tables only.
+        datafusion::datasource::TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn datafusion::catalog::Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[datafusion::logical_expr::Expr],
+        limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        let external = |e: QueryError| match e {
+            QueryError::DataFusion(e) => e,
+            other => DataFusionError::External(Box::new(other)),
+        };
+        let m = self
+            .engine
+            .lake
+            .latest()
+            .await
+            .map_err(|e| external(e.into()))?;
+        let provider: Arc<dyn TableProvider> = match self.kind {
+            LiveKind::Lake(t) => self.engine.table_provider(&m, t).map_err(external)?,
+            LiveKind::Audit(view) => Arc::new(AuditTableProvider {
+                view,
+                source: Arc::new(AuditSource::new(
+                    self.engine.lake.clone(),
+                    m,
+                    self.engine.audit.clone(),
+                )),
+            }),
+        };
+        provider.scan(state, projection, filters, limit).await
+    }
 }

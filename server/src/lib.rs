@@ -8,12 +8,13 @@
 //! or time limit, 500 a bug).
 //!
 //! Key types: [`http::router`] and [`http::AppState`] for the HTTP API,
-//! [`ServerError`].
+//! [`pg::serve`] for the PostgreSQL protocol, [`ServerError`].
 //!
 //! Every surface is read-only: the engine refuses DDL, DML, `COPY` and
 //! `SET`, and reads nothing but the lake's tables.
 
 pub mod http;
+pub mod pg;
 
 mod error;
 

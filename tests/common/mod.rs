@@ -488,6 +488,8 @@ pub struct Server {
     pub proc: Proc,
     /// `http://127.0.0.1:PORT`
     pub http: String,
+    /// The PostgreSQL protocol's port.
+    pub pg_port: u16,
 }
 
 impl Server {
@@ -497,7 +499,7 @@ impl Server {
         let mut cmd = leaseline();
         cmd.args(["serve", "--lake"])
             .arg(lake)
-            .args(["--http-listen", "127.0.0.1:0"])
+            .args(["--http-listen", "127.0.0.1:0", "--pg-listen", "127.0.0.1:0"])
             .args(args)
             .env("LEASELINE_LOG", "info");
         // One log per server: a second server in the same directory must
@@ -517,12 +519,24 @@ impl Server {
             assert!(Instant::now() < deadline, "serve did not start:\n{logs}");
             std::thread::sleep(Duration::from_millis(50));
         };
-        let server = Server { proc, http };
+        let mut server = Server {
+            proc,
+            http,
+            pg_port: 0,
+        };
         assert!(
             wait_until(Duration::from_secs(30), || server.get("/health").status
                 == 200),
             "health never answered 200"
         );
+        // The PostgreSQL listener is bound before the HTTP API serves.
+        let pg_marker = "PostgreSQL listening on ";
+        let logs = server.proc.logs();
+        if let Some(i) = logs.find(pg_marker) {
+            let rest = &logs[i + pg_marker.len()..];
+            let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+            server.pg_port = addr.rsplit(':').next().unwrap().parse().unwrap();
+        }
         server
     }
 

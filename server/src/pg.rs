@@ -1,0 +1,614 @@
+//! The PostgreSQL wire protocol, for psql, Grafana and other SQL clients.
+//!
+//! Why this module exists: `datafusion_postgres::serve*` binds its own
+//! socket, never returns and cannot be shut down, and its default hooks let a
+//! client run `INSERT`, `COPY`, `CREATE` or `SET datafusion.*` against the
+//! shared `SessionContext`. So we drive pgwire ourselves over a listener the
+//! caller bound (port 0 works: read `local_addr()` before passing it in), and
+//! wrap `datafusion_postgres::DfSessionService` with:
+//!
+//! - [`ReadOnlyHook`], a `QueryHook` in front of the built-in hooks that
+//!   refuses anything but queries (`SELECT`, `WITH`, `VALUES`, `EXPLAIN`,
+//!   `SHOW`, `DESCRIBE`, cursors) with SQLSTATE 25006, answers `SET`/`RESET`
+//!   for client session settings (what psql, JDBC and Grafana send) and never
+//!   lets one reach DataFusion's own configuration;
+//! - [`PgService`], which applies the query timeout to planning *and* to the
+//!   streaming of rows (datafusion-postgres's own `statement_timeout` only
+//!   covers building the `DataFrame`, which executes nothing).
+//!
+//! Authentication is SCRAM-SHA-256 for one user we choose, or none.
+//! Connections are plain TCP (no TLS): clients must use `sslmode=disable`
+//! or `prefer`.
+//!
+//! Every query reads through the one long-lived `SessionContext`; its table
+//! providers decide which data a query sees.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::common::{DFSchema, ParamValues};
+use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::{Select, Set, Statement, Visit, Visitor};
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
+use datafusion_postgres::datafusion_pg_catalog::setup_pg_catalog;
+use datafusion_postgres::hooks::cursor::CursorStatementHook;
+use datafusion_postgres::hooks::set_show::SetShowHook;
+use datafusion_postgres::hooks::transactions::TransactionStatementHook;
+use datafusion_postgres::hooks::{HookClient, QueryHook};
+use datafusion_postgres::pgwire::api::auth::noop::NoopStartupHandler;
+use datafusion_postgres::pgwire::api::auth::sasl::scram::{
+    gen_salted_password, random_nonce, ScramAuth, SCRAM_ITERATIONS,
+};
+use datafusion_postgres::pgwire::api::auth::sasl::SASLAuthStartupHandler;
+use datafusion_postgres::pgwire::api::auth::{
+    AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler,
+};
+use datafusion_postgres::pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
+use datafusion_postgres::pgwire::api::portal::Portal;
+use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use datafusion_postgres::pgwire::api::results::{Response, Tag};
+use datafusion_postgres::pgwire::api::store::PortalStore;
+use datafusion_postgres::pgwire::api::{
+    ClientInfo, ClientPortalStore, ConnectionManager, PgWireServerHandlers,
+};
+use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use datafusion_postgres::pgwire::messages::data::DataRow;
+use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use datafusion_postgres::pgwire::tokio::process_socket;
+use datafusion_postgres::{DfSessionService, Parser};
+use futures::{Sink, StreamExt};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio::time::{timeout_at, Instant};
+
+/// How long open connections may finish after shutdown before they are cut.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Session settings that datafusion-postgres's `SetShowHook` keeps per
+/// connection (in the client's metadata); every other `SET` is acknowledged
+/// and ignored.
+const SESSION_SETTINGS: &[&str] = &[
+    "statement_timeout",
+    "datestyle",
+    "intervalstyle",
+    "bytea_output",
+    "application_name",
+    "extra_float_digits",
+    "search_path",
+];
+
+/// Serves `ctx` over the PostgreSQL protocol on `listener` until `shutdown`
+/// completes, then gives open connections [`SHUTDOWN_GRACE`] to finish.
+///
+/// `auth`: `Some((user, password))` requires SCRAM-SHA-256 for that user,
+/// `None` accepts anyone. Every query (planning and rows) gets
+/// `query_timeout`.
+pub async fn serve(
+    ctx: Arc<SessionContext>,
+    auth: Option<(String, String)>,
+    query_timeout: Duration,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    install_pg_catalog(&ctx).map_err(std::io::Error::other)?;
+    let handlers = Arc::new(Handlers {
+        service: Arc::new(PgService::new(ctx, query_timeout)),
+        credentials: auth.map(|(user, password)| Arc::new(Credentials::new(user, &password))),
+        connections: Arc::new(ConnectionManager::new()),
+    });
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((socket, peer)) => {
+                    let handlers = handlers.clone();
+                    connections.spawn(async move {
+                        if let Err(e) = process_socket(socket, None, handlers).await {
+                            tracing::debug!(%peer, error = %e, "postgres connection failed");
+                        }
+                    });
+                }
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!(error = %e, "postgres accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let drain = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
+        connections.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Adds the `pg_catalog` schema and Postgres functions that psql's `\d`
+/// commands need, and turns on `information_schema`, which Grafana's table
+/// and column pickers read. Idempotent.
+pub fn install_pg_catalog(ctx: &SessionContext) -> datafusion::error::Result<()> {
+    let catalog = {
+        let state = ctx.state_ref();
+        let mut state = state.write();
+        let options = state.config_mut().options_mut();
+        // VERIFY: read at table resolution (SessionState::schema_for_ref), so
+        // turning it on after the context was built is enough.
+        options.catalog.information_schema = true;
+        options.catalog.default_catalog.clone()
+    };
+    if ctx
+        .catalog(&catalog)
+        .and_then(|c| c.schema("pg_catalog"))
+        .is_some()
+    {
+        return Ok(());
+    }
+    // Not `Arc<AuthManager>`: datafusion-pg-catalog 0.19's
+    // `impl PgCatalogContextProvider for Arc<T>` calls itself. `pg_roles` is
+    // simply empty.
+    setup_pg_catalog(ctx, &catalog, EmptyContextProvider).map_err(|e| *e)
+}
+
+/// The pgwire handlers of every connection.
+struct Handlers {
+    service: Arc<PgService>,
+    credentials: Option<Arc<Credentials>>,
+    /// Lets a client's cancel request (psql's Ctrl-C) find its connection.
+    connections: Arc<ConnectionManager>,
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.service.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        self.service.clone()
+    }
+
+    /// Called once per connection: the SASL handler keeps the state of one
+    /// handshake, so it must not be shared.
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
+        let connections = self.connections.clone();
+        Arc::new(match &self.credentials {
+            None => Startup::Trust(Trust(connections)),
+            Some(credentials) => Startup::Scram(
+                SASLAuthStartupHandler::new(Arc::new(DefaultServerParameterProvider::default()))
+                    .with_scram(ScramAuth::new(credentials.clone()))
+                    .with_connection_manager(connections),
+            ),
+        })
+    }
+
+    fn cancel_handler(&self) -> Arc<impl CancelHandler> {
+        Arc::new(DefaultCancelHandler::new(self.connections.clone()))
+    }
+}
+
+/// No authentication, or SCRAM-SHA-256.
+enum Startup {
+    Trust(Trust),
+    Scram(SASLAuthStartupHandler<DefaultServerParameterProvider>),
+}
+
+struct Trust(Arc<ConnectionManager>);
+
+#[async_trait]
+impl NoopStartupHandler for Trust {
+    fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
+        Some(self.0.clone())
+    }
+}
+
+// VERIFY: coherence with pgwire's blanket `impl<H: NoopStartupHandler>
+// StartupHandler for H` (fine as long as `Startup` is not a NoopStartupHandler).
+#[async_trait]
+impl StartupHandler for Startup {
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        match self {
+            Startup::Trust(h) => h.on_startup(client, message).await,
+            Startup::Scram(h) => h.on_startup(client, message).await,
+        }
+    }
+}
+
+/// The one user and its SCRAM salted password, computed once: the password
+/// itself is not kept.
+struct Credentials {
+    user: String,
+    salt: Vec<u8>,
+    salted_password: Vec<u8>,
+}
+
+impl Credentials {
+    fn new(user: String, password: &str) -> Self {
+        // Any bytes make a salt; `random_nonce` is 18 random bytes, base64.
+        let salt = random_nonce().into_bytes();
+        let salted_password = gen_salted_password(password, &salt, SCRAM_ITERATIONS);
+        Credentials {
+            user,
+            salt,
+            salted_password,
+        }
+    }
+}
+
+impl Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl AuthSource for Credentials {
+    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
+        match login.user() {
+            Some(user) if user == self.user => Ok(Password::new(
+                Some(self.salt.clone()),
+                self.salted_password.clone(),
+            )),
+            // The same FATAL 28P01 as a wrong password.
+            user => Err(PgWireError::InvalidPassword(
+                user.unwrap_or_default().to_owned(),
+            )),
+        }
+    }
+}
+
+/// `DfSessionService` under a deadline per statement.
+struct PgService {
+    inner: DfSessionService,
+    timeout: Duration,
+}
+
+impl PgService {
+    fn new(ctx: Arc<SessionContext>, timeout: Duration) -> Self {
+        // datafusion-postgres's default hooks, behind ours.
+        let hooks: Vec<Arc<dyn QueryHook>> = vec![
+            Arc::new(ReadOnlyHook),
+            Arc::new(CursorStatementHook),
+            Arc::new(SetShowHook),
+            Arc::new(TransactionStatementHook),
+        ];
+        PgService {
+            inner: DfSessionService::new_with_hooks(ctx, hooks),
+            timeout,
+        }
+    }
+
+    /// Bounds the rows of a result by `deadline` too: they are computed
+    /// while pgwire sends them, after `do_query` has returned. Dropping the
+    /// stream on expiry stops DataFusion's execution.
+    fn bounded(&self, response: Response, deadline: Instant) -> Response {
+        let mut query = match response {
+            Response::Query(query) => query,
+            other => return other,
+        };
+        let limit = self.timeout;
+        // `QueryResponse` is #[non_exhaustive] but its fields are pub.
+        let empty = futures::stream::empty::<PgWireResult<DataRow>>();
+        let rows = std::mem::replace(&mut query.data_rows, Box::pin(empty));
+        query.data_rows = Box::pin(futures::stream::unfold(
+            Some(rows),
+            move |rows| async move {
+                let Some(mut rows) = rows else {
+                    return None; // the deadline passed: the error was the last item
+                };
+                match timeout_at(deadline, rows.next()).await {
+                    Ok(Some(row)) => Some((row, Some(rows))),
+                    Ok(None) => None,
+                    Err(_) => Some((Err(timed_out(limit)), None)),
+                }
+            },
+        ));
+        Response::Query(query)
+    }
+}
+
+#[async_trait]
+impl SimpleQueryHandler for PgService {
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        // One deadline for all statements of the query string.
+        let deadline = Instant::now() + self.timeout;
+        let work = <DfSessionService as SimpleQueryHandler>::do_query(&self.inner, client, query);
+        let responses = timeout_at(deadline, work)
+            .await
+            .map_err(|_| timed_out(self.timeout))??;
+        Ok(responses
+            .into_iter()
+            .map(|r| self.bounded(r, deadline))
+            .collect())
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for PgService {
+    type Statement = <DfSessionService as ExtendedQueryHandler>::Statement;
+    type QueryParser = Parser;
+
+    fn query_parser(&self) -> Arc<Parser> {
+        self.inner.query_parser()
+    }
+
+    async fn do_query<C>(
+        &self,
+        client: &mut C,
+        portal: &Portal<Self::Statement>,
+        max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let deadline = Instant::now() + self.timeout;
+        let work = <DfSessionService as ExtendedQueryHandler>::do_query(
+            &self.inner,
+            client,
+            portal,
+            max_rows,
+        );
+        let response = timeout_at(deadline, work)
+            .await
+            .map_err(|_| timed_out(self.timeout))??;
+        Ok(self.bounded(response, deadline))
+    }
+}
+
+fn timed_out(limit: Duration) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_owned(),
+        "57014".to_owned(), // query_canceled, as PostgreSQL's statement_timeout
+        format!("query timed out after {limit:?} (the limit is query.timeout)"),
+    )))
+}
+
+/// Runs before datafusion-postgres's hooks, on every statement of both the
+/// simple protocol and the extended one (at Parse, so a refused statement is
+/// never planned).
+struct ReadOnlyHook;
+
+/// What [`ReadOnlyHook`] does with a statement.
+enum Verdict {
+    /// Let the next hook or DataFusion answer it.
+    Pass,
+    /// Answer with this command tag, doing nothing.
+    Ack(&'static str),
+    Refuse(PgWireError),
+}
+
+fn verdict(statement: &Statement) -> Verdict {
+    match statement {
+        Statement::Set(set) => set_verdict(set),
+        // DataFusion would reset its configuration, for every connection.
+        Statement::Reset(_) => Verdict::Ack("RESET"),
+        Statement::Discard { .. } => Verdict::Ack("DISCARD ALL"),
+        // Answered by TransactionStatementHook without doing anything.
+        Statement::StartTransaction { .. } | Statement::Commit { .. } | Statement::Rollback { .. } => {
+            Verdict::Pass
+        }
+        _ => match statement.visit(&mut QueriesOnly) {
+            ControlFlow::Continue(()) => Verdict::Pass,
+            ControlFlow::Break(what) => Verdict::Refuse(read_only(&format!(
+                "{what} is not allowed: leaseline is read-only (SELECT, WITH, EXPLAIN and SHOW only)"
+            ))),
+        },
+    }
+}
+
+/// `SET` of a client session setting goes on to `SetShowHook` (which keeps
+/// it for the connection); `datafusion.*` is refused, as it would change the
+/// shared context; anything else is acknowledged and ignored, as
+/// datafusion-postgres does, so clients that set things on connect work.
+fn set_verdict(set: &Set) -> Verdict {
+    let names: Vec<String> = match set {
+        Set::SingleAssignment { variable, .. } => vec![variable.to_string()],
+        Set::MultipleAssignments { assignments } => {
+            assignments.iter().map(|a| a.name.to_string()).collect()
+        }
+        Set::ParenthesizedAssignments { variables, .. } => {
+            variables.iter().map(ToString::to_string).collect()
+        }
+        _ => vec![],
+    };
+    let names: Vec<String> = names
+        .iter()
+        .map(|n| n.replace('"', "").to_lowercase())
+        .collect();
+    if names.iter().any(|n| n.starts_with("datafusion.")) {
+        return Verdict::Refuse(read_only(
+            "the engine's settings (datafusion.*) cannot be changed over this connection",
+        ));
+    }
+    match set {
+        Set::SingleAssignment {
+            scope: None,
+            hivevar: false,
+            ..
+        } if SESSION_SETTINGS.contains(&names[0].as_str()) => Verdict::Pass,
+        Set::SetTimeZone { local: false, .. } => Verdict::Pass,
+        _ => Verdict::Ack("SET"),
+    }
+}
+
+/// Breaks on the first statement, anywhere in the tree (`EXPLAIN ANALYZE
+/// INSERT`, `WITH x AS (DELETE ...)`, a cursor's query), that is not a
+/// query, and on `SELECT ... INTO`, which DataFusion plans as
+/// `CREATE TABLE`.
+struct QueriesOnly;
+
+impl Visitor for QueriesOnly {
+    type Break = String;
+
+    fn pre_visit_statement(&mut self, statement: &Statement) -> ControlFlow<String> {
+        match statement {
+            Statement::Query(_)
+            | Statement::Explain { .. }
+            | Statement::ExplainTable { .. }
+            | Statement::ShowVariable { .. }
+            | Statement::ShowVariables { .. }
+            | Statement::ShowStatus { .. }
+            | Statement::ShowTables { .. }
+            | Statement::ShowColumns { .. }
+            | Statement::ShowCreate { .. }
+            | Statement::ShowFunctions { .. }
+            | Statement::ShowCatalogs { .. }
+            | Statement::ShowSchemas { .. }
+            | Statement::ShowViews { .. }
+            // Handled by CursorStatementHook; the cursor's query is visited.
+            | Statement::Declare { .. }
+            | Statement::Fetch { .. }
+            | Statement::Close { .. } => ControlFlow::Continue(()),
+            other => {
+                let sql = other.to_string();
+                let keyword = sql.split_whitespace().next().unwrap_or("statement");
+                ControlFlow::Break(keyword.to_uppercase())
+            }
+        }
+    }
+
+    fn pre_visit_select(&mut self, select: &Select) -> ControlFlow<String> {
+        if select.into.is_some() {
+            ControlFlow::Break("SELECT INTO".to_owned())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+}
+
+fn read_only(message: &str) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_owned(),
+        "25006".to_owned(), // read_only_sql_transaction
+        message.to_owned(),
+    )))
+}
+
+/// The plan stored for an acknowledged statement at Parse: no columns, no
+/// parameters.
+fn nothing() -> LogicalPlan {
+    LogicalPlan::EmptyRelation(EmptyRelation {
+        produce_one_row: false,
+        schema: Arc::new(DFSchema::empty()),
+    })
+}
+
+#[async_trait]
+impl QueryHook for ReadOnlyHook {
+    async fn handle_simple_query(
+        &self,
+        statement: &Statement,
+        _ctx: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        match verdict(statement) {
+            Verdict::Pass => None,
+            Verdict::Ack(tag) => Some(Ok(Response::Execution(Tag::new(tag)))),
+            Verdict::Refuse(e) => Some(Err(e)),
+        }
+    }
+
+    async fn handle_extended_parse_query(
+        &self,
+        statement: &Statement,
+        _ctx: &SessionContext,
+        _client: &(dyn ClientInfo + Send + Sync),
+    ) -> Option<PgWireResult<LogicalPlan>> {
+        match verdict(statement) {
+            Verdict::Pass => None,
+            Verdict::Ack(_) => Some(Ok(nothing())),
+            Verdict::Refuse(e) => Some(Err(e)),
+        }
+    }
+
+    async fn handle_extended_query(
+        &self,
+        statement: &Statement,
+        _plan: &LogicalPlan,
+        _params: &ParamValues,
+        _ctx: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        // Refused statements never get past Parse; checked again all the same.
+        match verdict(statement) {
+            Verdict::Pass => None,
+            Verdict::Ack(tag) => Some(Ok(Response::Execution(Tag::new(tag)))),
+            Verdict::Refuse(e) => Some(Err(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+
+    fn check(sql: &str) -> Verdict {
+        let statements = PostgresCompatibilityParser::new().parse(sql).unwrap();
+        verdict(&statements[0])
+    }
+
+    // VERIFY: each statement parses to the variant assumed (e.g. `SET TIME
+    // ZONE` to `Set::SetTimeZone`, `SET SESSION CHARACTERISTICS` to
+    // `Set::SetTransaction`).
+    #[test]
+    fn queries_pass_and_changes_are_refused() {
+        for sql in [
+            "SELECT 1",
+            "WITH t AS (SELECT 1 AS a) SELECT a FROM t",
+            "EXPLAIN SELECT 1",
+            "SHOW search_path",
+            "SET extra_float_digits = 3",
+            "SET TIME ZONE 'UTC'",
+            "BEGIN",
+        ] {
+            assert!(matches!(check(sql), Verdict::Pass), "{sql}");
+        }
+        for sql in [
+            "SET foo = 1",
+            "RESET ALL",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+        ] {
+            assert!(matches!(check(sql), Verdict::Ack(_)), "{sql}");
+        }
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "COPY t TO '/tmp/x'",
+            "CREATE TABLE t (a INT)",
+            "DROP TABLE t",
+            "SET datafusion.execution.batch_size = 1",
+            "SELECT 1 INTO t",
+            "EXPLAIN ANALYZE DELETE FROM t",
+            "PREPARE p AS SELECT 1",
+        ] {
+            assert!(matches!(check(sql), Verdict::Refuse(_)), "{sql}");
+        }
+    }
+}
