@@ -205,3 +205,94 @@ async fn two_ingesters_split_partitions_and_take_over() {
     assert!(b.terminate(Duration::from_secs(30)).success());
     assert_exact(&lake, "leases", &data, &landed);
 }
+
+/// `leaseline serve --ingest`: an event produced to the broker is visible to
+/// SQL within a second, long before the flush that makes it durable; after
+/// the flush it is there once, not twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn served_sql_sees_a_consumed_event_before_its_flush() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic("fresh", 3).await;
+    let lake = dir.path().join("lake");
+    import_files(&lake, &[sample()]);
+    let server = Server::start(
+        &lake,
+        &[
+            "--ingest",
+            "--brokers",
+            &broker.addr,
+            "--topic",
+            "fresh",
+            "--group-id",
+            "fresh",
+            // Nothing is flushed by size or time during the test.
+            "--flush-interval",
+            "1h",
+            "--no-compaction",
+        ],
+        dir.path(),
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || server
+            .proc
+            .logs()
+            .contains("assigned partitions=[(")),
+        "never assigned:\n{}",
+        server.proc.logs()
+    );
+    let holder = |lease: &str| {
+        server
+            .sql(
+                &format!(
+                    "SELECT holder_id, fencing_token FROM lease_holders WHERE lease_id = '{lease}'"
+                ),
+                &["-H", "Accept: text/csv"],
+            )
+            .text()
+    };
+    let events = |lease: &str| {
+        server
+            .sql(
+                &format!("SELECT count(*) AS n FROM lease_events WHERE lease_id = '{lease}'"),
+                &["-H", "Accept: text/csv"],
+            )
+            .text()
+    };
+    let event = br#"{"ts":"2026-09-14T12:00:00Z","kind":"acquired","source":"coordinator","lease_id":"fresh/1","holder_id":"f-1","fencing_token":9,"ttl_ms":30000,"event_id":"fresh-1"}"#;
+    produce(
+        &broker.producer(),
+        "fresh",
+        &[("fresh/1".to_string(), event.to_vec())],
+    )
+    .await;
+    let produced = std::time::Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(10), || holder("fresh/1")
+            .contains("f-1,9")),
+        "the event never became visible:\n{}",
+        server.proc.logs()
+    );
+    let latency = produced.elapsed();
+    // Still only buffered: a separate reader of the lake does not see it.
+    assert_eq!(
+        count(&lake, "lease_events"),
+        78,
+        "the lake itself has not changed yet"
+    );
+    assert!(
+        latency < Duration::from_secs(1),
+        "visible after {latency:?}, more than a second"
+    );
+    assert_eq!(events("fresh/1"), "n\n1\n");
+
+    // SIGTERM flushes it; the lake then holds it once.
+    let mut server = server;
+    assert!(
+        server.proc.terminate(Duration::from_secs(30)).success(),
+        "{}",
+        server.proc.logs()
+    );
+    assert_eq!(count(&lake, "lease_events"), 79);
+}

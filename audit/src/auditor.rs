@@ -36,6 +36,11 @@ struct IdInfo {
 /// Every read answers for the set of distinct events pushed so far,
 /// whatever their arrival order. Reads take `&mut self` because they first
 /// recompute the leases whose events changed since the last read.
+///
+/// A clone copies the whole history (time and memory in proportion to the
+/// events): SQL uses it to audit rows not yet in the lake on top of the
+/// cached lake's engine without changing that engine.
+#[derive(Clone)]
 pub struct Auditor {
     config: AuditConfig,
     tol: Tolerances,

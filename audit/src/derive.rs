@@ -82,7 +82,7 @@ pub(crate) struct Keepalive {
 
 /// Buffers reused across recomputes, so recomputing a lease allocates
 /// nothing once they have grown.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct Scratch {
     by_token: HashMap<u64, u32>,
     pub works: Vec<Work>,

@@ -15,7 +15,7 @@ use hashbrown::DefaultHashBuilder;
 use crate::strtab::StrTable;
 pub(crate) use crate::strtab::{Sym, NONE};
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct Interner {
     table: StrTable,
     strings: Vec<Arc<str>>,

@@ -23,6 +23,7 @@ pub struct LeaseAudit {
 }
 
 /// `repr(C)` keeps the fields a push touches in the first cache line.
+#[derive(Clone)]
 #[repr(C)]
 pub(crate) struct LeaseState {
     /// De-duplicated events; the first `sorted_len` are in canonical order,

@@ -24,6 +24,7 @@ pub(crate) const NONE: Sym = u32::MAX;
 
 const EMPTY: u64 = u64::MAX;
 
+#[derive(Clone)]
 pub(crate) struct StrTable {
     slots: Vec<u64>,
     /// log2 of `slots.len()`.

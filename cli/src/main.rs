@@ -463,7 +463,7 @@ async fn run_ingest(lake: Lake, cfg: Config) -> anyhow::Result<()> {
         info!("shutdown requested");
         signal_stop.store(true, Ordering::SeqCst);
     });
-    ingest_until(lake, &cfg, stop).await
+    ingest_until(lake, &cfg, stop, None).await
 }
 
 /// Consumes Kafka into the lake until `stop` is set, compacting in the
@@ -472,6 +472,7 @@ pub(crate) async fn ingest_until(
     lake: Lake,
     cfg: &Config,
     stop: Arc<AtomicBool>,
+    pending: Option<leaseline_lake::PendingRows>,
 ) -> anyhow::Result<()> {
     let compactor = cfg.compaction.enabled.then(|| {
         let lake = lake.clone();
@@ -493,7 +494,7 @@ pub(crate) async fn ingest_until(
     });
 
     // Stop consuming, flush, commit offsets; then stop the background work.
-    let stats = kafka::run(lake, &cfg.kafka, cfg.flush.clone(), stop).await?;
+    let stats = kafka::run(lake, &cfg.kafka, cfg.flush.clone(), stop, pending).await?;
     if let Some(c) = compactor {
         c.abort();
     }

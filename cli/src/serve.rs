@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
-use leaseline_lake::Lake;
+use leaseline_lake::{Lake, PendingRows};
 use leaseline_query::QueryEngine;
 use leaseline_server::http::{router, AppState};
 use tracing::{error, info};
@@ -17,8 +17,14 @@ use tracing::{error, info};
 use crate::config::Config;
 
 pub async fn run(lake: Lake, cfg: Config) -> anyhow::Result<()> {
-    let engine =
-        Arc::new(QueryEngine::with_audit_config(lake.clone(), cfg.audit).with_limits(cfg.query));
+    // With ingest in this process, queries also see the rows it has
+    // consumed but not yet flushed (within a fraction of a second).
+    let pending = cfg.serve.ingest.then(PendingRows::new);
+    let mut engine = QueryEngine::with_audit_config(lake.clone(), cfg.audit).with_limits(cfg.query);
+    if let Some(p) = &pending {
+        engine = engine.with_pending(p.clone());
+    }
+    let engine = Arc::new(engine);
     let listener = tokio::net::TcpListener::bind(cfg.serve.http_listen)
         .await
         .with_context(|| format!("binding the HTTP API to {}", cfg.serve.http_listen))?;
@@ -71,8 +77,8 @@ pub async fn run(lake: Lake, cfg: Config) -> anyhow::Result<()> {
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut ingest = cfg.serve.ingest.then(|| {
-        let (lake, cfg, stop) = (lake.clone(), cfg.clone(), stop.clone());
-        tokio::spawn(async move { crate::ingest_until(lake, &cfg, stop).await })
+        let (lake, cfg, stop, pending) = (lake.clone(), cfg.clone(), stop.clone(), pending.clone());
+        tokio::spawn(async move { crate::ingest_until(lake, &cfg, stop, pending).await })
     });
 
     // Run until a signal, or until ingest stops on its own (an error).

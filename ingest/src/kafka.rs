@@ -29,7 +29,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::runtime::Handle;
 use tracing::{error, info, warn};
 
-use leaseline_lake::Lake;
+use leaseline_lake::{Lake, PendingRows};
 use leaseline_schema::Origin;
 
 use crate::config::{FlushPolicy, KafkaConfig};
@@ -38,6 +38,10 @@ use crate::writer::{LakeWriter, WriterStats};
 
 const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often buffered rows are published to readers in this process
+/// (`leaseline serve --ingest`): well inside the one second in which an
+/// event must be visible to SQL.
+const PUBLISH_INTERVAL: Duration = Duration::from_millis(200);
 
 struct IngestContext {
     writer: Arc<Mutex<LakeWriter>>,
@@ -232,14 +236,20 @@ pub fn client_config(cfg: &KafkaConfig) -> Result<ClientConfig> {
 }
 
 /// Consumes until `stop` is set, then stops in order: stop consuming,
-/// flush, commit offsets, leave the group.
+/// flush, commit offsets, leave the group. With `pending`, buffered rows are
+/// published there for queries in the same process.
 pub async fn run(
     lake: Lake,
     cfg: &KafkaConfig,
     policy: FlushPolicy,
     stop: Arc<AtomicBool>,
+    pending: Option<PendingRows>,
 ) -> Result<WriterStats> {
-    let writer = Arc::new(Mutex::new(LakeWriter::open(lake).await?));
+    let mut opened = LakeWriter::open(lake).await?;
+    if let Some(p) = pending {
+        opened.publish_to(p);
+    }
+    let writer = Arc::new(Mutex::new(opened));
     let ctx = IngestContext {
         writer: writer.clone(),
         handle: Handle::current(),
@@ -264,6 +274,7 @@ fn consume_loop(
 ) -> Result<WriterStats> {
     let lock = || writer.lock().unwrap_or_else(|p| p.into_inner());
     let mut backoff = Duration::from_millis(500);
+    let mut last_publish = std::time::Instant::now();
     while !stop.load(Ordering::SeqCst) {
         // The writer lock is not held while polling: the rebalance
         // callback runs inside poll and takes it.
@@ -286,6 +297,10 @@ fn consume_loop(
                 }
             }
             Some(Err(e)) => warn!(error = %e, "kafka"),
+        }
+        if last_publish.elapsed() >= PUBLISH_INTERVAL {
+            w.publish();
+            last_publish = std::time::Instant::now();
         }
         if w.should_flush(&policy) {
             match handle.block_on(w.flush()) {

@@ -7,7 +7,8 @@ use std::time::Instant;
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::Int32Type;
 use leaseline_lake::{
-    parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError, Manifest, Table,
+    parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError, Manifest, PendingRows,
+    PendingSnapshot, Table,
 };
 use leaseline_schema::{decode, EventBatchBuilder, Origin, RejectBatchBuilder};
 use tracing::{debug, info, warn};
@@ -61,6 +62,12 @@ pub struct LakeWriter {
     buffered_bytes: u64,
     first_buffered: Option<Instant>,
     stats: WriterStats,
+    /// Where buffered rows are published for readers in this process.
+    pending: Option<PendingRows>,
+    /// Buffered rows already taken out of the builders to be published;
+    /// they are written by the next flush, before the builders' rest.
+    published_events: Vec<RecordBatch>,
+    published_rejects: Vec<RecordBatch>,
 }
 
 fn now_us() -> i64 {
@@ -94,7 +101,50 @@ impl LakeWriter {
             buffered_bytes: 0,
             first_buffered: None,
             stats: WriterStats::default(),
+            pending: None,
+            published_events: Vec::new(),
+            published_rejects: Vec::new(),
         })
+    }
+
+    /// Publishes buffered rows through `pending` from now on (see
+    /// [`LakeWriter::publish`]).
+    pub fn publish_to(&mut self, pending: PendingRows) {
+        self.pending = Some(pending);
+        self.publish();
+    }
+
+    /// Makes every row buffered so far visible to readers of the pending
+    /// rows, with the manifest version they follow. Cheap enough to call a
+    /// few times a second: only rows added since the last call are moved.
+    pub fn publish(&mut self) {
+        let Some(pending) = &self.pending else {
+            return;
+        };
+        if !self.events.is_empty() {
+            self.published_events.push(self.events.finish());
+        }
+        if !self.rejects.is_empty() {
+            self.published_rejects.push(self.rejects.finish());
+        }
+        pending.publish(PendingSnapshot {
+            base_version: Some(self.manifest.version),
+            events: self.published_events.clone(),
+            rejects: self.published_rejects.clone(),
+        });
+    }
+
+    /// After a flush (or its failure) the buffered rows are either in the
+    /// lake or gone: readers see the lake at the writer's version alone.
+    fn unpublish(&mut self) {
+        self.published_events.clear();
+        self.published_rejects.clear();
+        if let Some(pending) = &self.pending {
+            pending.publish(PendingSnapshot {
+                base_version: Some(self.manifest.version),
+                ..PendingSnapshot::default()
+            });
+        }
     }
 
     pub fn lake(&self) -> &Lake {
@@ -217,12 +267,42 @@ impl LakeWriter {
     /// gone: the caller must not commit Kafka offsets and should restart
     /// from the lake's offsets.
     pub async fn flush(&mut self) -> Result<FlushReport> {
+        let result = self.flush_buffer().await;
+        if self.pending.is_some() {
+            // The rows stay published until the commit is decided, so a
+            // reader never misses them in between.
+            self.unpublish();
+        }
+        result
+    }
+
+    /// Takes the buffered rows of one table: those already published, then
+    /// the builder's rest, as one batch.
+    fn take_buffer(&mut self, table: Table) -> Result<RecordBatch> {
+        let (published, rest) = match table {
+            Table::LeaseEvents => (
+                std::mem::take(&mut self.published_events),
+                self.events.finish(),
+            ),
+            Table::LeaseRejects => (
+                std::mem::take(&mut self.published_rejects),
+                self.rejects.finish(),
+            ),
+        };
+        if published.is_empty() {
+            return Ok(rest);
+        }
+        let all: Vec<RecordBatch> = published.into_iter().chain([rest]).collect();
+        Ok(leaseline_lake::parquet_io::concat(table, &all)?)
+    }
+
+    async fn flush_buffer(&mut self) -> Result<FlushReport> {
         let mut report = FlushReport::default();
         if self.buffered_rows == 0 {
             return Ok(report);
         }
-        let mut events = self.events.finish();
-        let mut rejects = self.rejects.finish();
+        let mut events = self.take_buffer(Table::LeaseEvents)?;
+        let mut rejects = self.take_buffer(Table::LeaseRejects)?;
         let mut ranges = std::mem::take(&mut self.ranges);
         self.buffered_rows = 0;
         self.buffered_bytes = 0;
@@ -313,6 +393,8 @@ impl LakeWriter {
     pub async fn reset(&mut self) -> Result<()> {
         self.events = EventBatchBuilder::new();
         self.rejects = RejectBatchBuilder::new();
+        self.published_events.clear();
+        self.published_rejects.clear();
         self.ranges.clear();
         self.buffered_rows = 0;
         self.buffered_bytes = 0;

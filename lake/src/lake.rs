@@ -79,6 +79,19 @@ impl Lake {
         Ok(Manifest::empty())
     }
 
+    /// One version's manifest, or `None` if it was pruned.
+    pub async fn manifest_at(&self, version: u64) -> Result<Option<Manifest>> {
+        if version == 0 {
+            return Ok(Some(Manifest::empty()));
+        }
+        let rel = manifest_path(version);
+        match self.store.get(&rel).await {
+            Ok(bytes) => Ok(Some(Manifest::from_json(&rel, &bytes)?)),
+            Err(LakeError::Store(object_store::Error::NotFound { .. })) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn manifest_versions(&self) -> Result<Vec<u64>> {
         let mut v: Vec<u64> = self
             .store

@@ -8,7 +8,8 @@
 //!
 //! Key types: [`Lake`] (open, [`Lake::latest`], [`Lake::commit`],
 //! [`Lake::compact`], [`Lake::vacuum`]), [`Manifest`], [`Change`],
-//! [`DataFile`], [`EventIdSet`] (de-duplication by `event_id`).
+//! [`DataFile`], [`EventIdSet`] (de-duplication by `event_id`),
+//! [`PendingRows`] (rows a writer buffers, for readers in its process).
 //!
 //! Layout (see `docs/lake.md` for why it is our own manifest):
 //!
@@ -23,10 +24,12 @@ mod error;
 mod lake;
 mod manifest;
 pub mod parquet_io;
+mod pending;
 mod store;
 
 pub use crate::dedup::EventIdSet;
 pub use crate::error::{LakeError, Result};
 pub use crate::lake::{CompactionPolicy, CompactionReport, Lake};
 pub use crate::manifest::{Change, DataFile, KafkaRange, Manifest, RemovedFile, Table};
+pub use crate::pending::{PendingRows, PendingSnapshot};
 pub use crate::store::LakeStore;

@@ -221,6 +221,35 @@ impl AuditCache {
             .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))?
     }
 
+    /// The derived tables of snapshot `m` plus `pending` rows not in it,
+    /// leaving the cached engine at `m`: the rows are audited on a copy.
+    pub async fn tables_with(
+        self: &Arc<Self>,
+        lake: &Lake,
+        m: &Manifest,
+        pending: Vec<RecordBatch>,
+    ) -> Result<Arc<AuditTables>> {
+        let (cache, lake, m) = (self.clone(), lake.clone(), m.clone());
+        tokio::spawn(async move {
+            cache.update(&lake, &m).await?;
+            let mut auditor = {
+                let st = cache.state.lock().await;
+                if st.version == Some(m.version) {
+                    st.auditor.clone()
+                } else {
+                    drop(st);
+                    audit_snapshot(&lake, &m, cache.config).await?
+                }
+            };
+            for batch in &pending {
+                push_batch(&mut auditor, batch)?;
+            }
+            Ok(Arc::new(derive(&mut auditor, m.version)))
+        })
+        .await
+        .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))?
+    }
+
     async fn update(&self, lake: &Lake, m: &Manifest) -> Result<Arc<AuditTables>> {
         let mut st = self.state.lock().await;
         if let Some(t) = st.tables.as_ref().filter(|t| t.version == m.version) {
@@ -478,22 +507,39 @@ pub(crate) struct AuditSource {
     pub lake: Lake,
     pub manifest: Manifest,
     pub cache: Arc<AuditCache>,
+    /// `lease_events` rows not yet in `manifest` (buffered by an ingester
+    /// in this process).
+    pub pending: Vec<RecordBatch>,
     tables: tokio::sync::OnceCell<Arc<AuditTables>>,
 }
 
 impl AuditSource {
-    pub fn new(lake: Lake, manifest: Manifest, cache: Arc<AuditCache>) -> AuditSource {
+    pub fn new(
+        lake: Lake,
+        manifest: Manifest,
+        cache: Arc<AuditCache>,
+        pending: Vec<RecordBatch>,
+    ) -> AuditSource {
         AuditSource {
             lake,
             manifest,
             cache,
+            pending,
             tables: tokio::sync::OnceCell::new(),
         }
     }
 
     async fn tables(&self) -> Result<Arc<AuditTables>> {
         self.tables
-            .get_or_try_init(|| self.cache.tables(&self.lake, &self.manifest))
+            .get_or_try_init(|| async {
+                if self.pending.iter().all(|b| b.num_rows() == 0) {
+                    self.cache.tables(&self.lake, &self.manifest).await
+                } else {
+                    self.cache
+                        .tables_with(&self.lake, &self.manifest, self.pending.clone())
+                        .await
+                }
+            })
             .await
             .cloned()
     }

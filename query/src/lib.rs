@@ -30,7 +30,7 @@ use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use leaseline_audit::AuditConfig;
-use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
+use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, PendingRows, PendingSnapshot, Table};
 use leaseline_schema::ReadError;
 
 pub mod audit;
@@ -106,6 +106,8 @@ pub struct QueryEngine {
     lake: Lake,
     audit: Arc<AuditCache>,
     limits: QueryLimits,
+    /// Rows an ingester in this process consumed but has not flushed.
+    pending: Option<PendingRows>,
 }
 
 impl QueryEngine {
@@ -119,7 +121,33 @@ impl QueryEngine {
             lake,
             audit: Arc::new(AuditCache::new(config)),
             limits: QueryLimits::default(),
+            pending: None,
         }
+    }
+
+    /// The same engine, also showing the rows an ingester in this process
+    /// publishes before flushing them (`leaseline serve --ingest`).
+    pub fn with_pending(mut self, pending: PendingRows) -> Self {
+        self.pending = Some(pending);
+        self
+    }
+
+    /// What a query reads: a manifest and the rows not yet in it. Buffered
+    /// rows come with the version they follow, and are read with exactly
+    /// that version (a newer one may already hold them); without buffered
+    /// rows, the newest version.
+    async fn snapshot(&self) -> Result<(Manifest, Option<Arc<PendingSnapshot>>)> {
+        if let Some(p) = &self.pending {
+            let snap = p.snapshot();
+            if !snap.is_empty() {
+                if let Some(v) = snap.base_version {
+                    if let Some(m) = self.lake.manifest_at(v).await? {
+                        return Ok((m, Some(snap)));
+                    }
+                }
+            }
+        }
+        Ok((self.lake.latest().await?, None))
     }
 
     /// The same engine with other per-query limits.
@@ -148,20 +176,29 @@ impl QueryEngine {
 
     /// A session with every table of the lake's newest version registered.
     pub async fn session(&self) -> Result<SessionContext> {
-        let manifest = self.lake.latest().await?;
-        self.session_at(&manifest)
+        let (manifest, pending) = self.snapshot().await?;
+        self.session_with(&manifest, pending.as_deref())
     }
 
     /// A session over one manifest snapshot.
     pub fn session_at(&self, manifest: &Manifest) -> Result<SessionContext> {
+        self.session_with(manifest, None)
+    }
+
+    fn session_with(
+        &self,
+        manifest: &Manifest,
+        pending: Option<&PendingSnapshot>,
+    ) -> Result<SessionContext> {
         let ctx = self.empty_session()?;
         for table in Table::ALL {
-            ctx.register_table(table.name(), self.table_provider(manifest, table)?)?;
+            ctx.register_table(table.name(), self.provider_with(manifest, table, pending)?)?;
         }
         let source = Arc::new(AuditSource::new(
             self.lake.clone(),
             manifest.clone(),
             self.audit.clone(),
+            pending.map(|p| p.events.clone()).unwrap_or_default(),
         ));
         for view in AuditView::ALL {
             ctx.register_table(
@@ -225,6 +262,25 @@ impl QueryEngine {
             ctx.register_object_store(store.url(), store.object_store());
         }
         Ok(ctx)
+    }
+
+    /// The lake's files of `table`, plus the buffered rows if any.
+    fn provider_with(
+        &self,
+        m: &Manifest,
+        table: Table,
+        pending: Option<&PendingSnapshot>,
+    ) -> Result<Arc<dyn TableProvider>> {
+        let lake = self.table_provider(m, table)?;
+        let rows = pending.map(|p| p.rows_of(table)).unwrap_or_default();
+        if rows.iter().all(|b| b.num_rows() == 0) {
+            return Ok(lake);
+        }
+        let mem = MemTable::try_new(parquet_io::schema_of(table), vec![rows.to_vec()])?;
+        Ok(Arc::new(WithPending {
+            lake,
+            pending: Arc::new(mem),
+        }))
     }
 
     fn table_provider(&self, m: &Manifest, table: Table) -> Result<Arc<dyn TableProvider>> {
@@ -338,23 +394,52 @@ impl TableProvider for LiveTable {
             QueryError::DataFusion(e) => e,
             other => DataFusionError::External(Box::new(other)),
         };
-        let m = self
-            .engine
-            .lake
-            .latest()
-            .await
-            .map_err(|e| external(e.into()))?;
+        let (m, pending) = self.engine.snapshot().await.map_err(external)?;
         let provider: Arc<dyn TableProvider> = match self.kind {
-            LiveKind::Lake(t) => self.engine.table_provider(&m, t).map_err(external)?,
+            LiveKind::Lake(t) => self
+                .engine
+                .provider_with(&m, t, pending.as_deref())
+                .map_err(external)?,
             LiveKind::Audit(view) => Arc::new(AuditTableProvider {
                 view,
                 source: Arc::new(AuditSource::new(
                     self.engine.lake.clone(),
                     m,
                     self.engine.audit.clone(),
+                    pending.map(|p| p.events.clone()).unwrap_or_default(),
                 )),
             }),
         };
         provider.scan(state, projection, filters, limit).await
+    }
+}
+
+/// A lake table with rows not yet flushed to it: a union of the two scans.
+#[derive(Debug)]
+struct WithPending {
+    lake: Arc<dyn TableProvider>,
+    pending: Arc<MemTable>,
+}
+
+#[async_trait::async_trait]
+impl TableProvider for WithPending {
+    fn schema(&self) -> arrow::datatypes::SchemaRef {
+        self.lake.schema()
+    }
+
+    fn table_type(&self) -> datafusion::datasource::TableType {
+        datafusion::datasource::TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn datafusion::catalog::Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[datafusion::logical_expr::Expr],
+        limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        let lake = self.lake.scan(state, projection, filters, limit).await?;
+        let pending = self.pending.scan(state, projection, filters, limit).await?;
+        datafusion::physical_plan::union::UnionExec::try_new(vec![lake, pending])
     }
 }
