@@ -41,7 +41,7 @@ const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often buffered rows are published to readers in this process
 /// (`leaseline serve --ingest`): well inside the one second in which an
 /// event must be visible to SQL.
-const PUBLISH_INTERVAL: Duration = Duration::from_millis(200);
+const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
 
 struct IngestContext {
     writer: Arc<Mutex<LakeWriter>>,
@@ -228,7 +228,10 @@ pub fn client_config(cfg: &KafkaConfig) -> Result<ClientConfig> {
         .set("enable.partition.eof", "false")
         // Bound what librdkafka prefetches: the flush buffer is the memory
         // that matters.
-        .set("queued.max.messages.kbytes", "16384");
+        .set("queued.max.messages.kbytes", "16384")
+        // A fetch waits at most this long for new messages (librdkafka's
+        // default is 500 ms): events must reach SQL within a second.
+        .set("fetch.wait.max.ms", "100");
     for (k, v) in &cfg.properties {
         c.set(k, v);
     }
