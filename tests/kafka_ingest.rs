@@ -1,6 +1,11 @@
 //! Ingest against a real Kafka-protocol broker: exactly once, nothing lost,
 //! through crashes and rebalances.
 
+// Each test holds SERIAL for its whole run, awaits included, on purpose: the
+// tests run on separate threads with separate runtimes, and the lock only
+// keeps them from running at the same time.
+#![allow(clippy::await_holding_lock)]
+
 mod common;
 
 use std::path::Path;

@@ -117,7 +117,7 @@ impl Lake {
             });
         }
         debug!(version = next.version, op = %next.operation, "committed manifest");
-        if next.version as usize % 10 == 0 {
+        if next.version.is_multiple_of(10) {
             self.prune_manifests().await;
         }
         Ok(next)
