@@ -9,19 +9,7 @@ use std::process::Command;
 use common::*;
 
 fn import(lake: &Path, files: &[&Path], extra: &[&str]) -> String {
-    let out = leaseline()
-        .args(["import", "--lake"])
-        .arg(lake)
-        .args(extra)
-        .args(files)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "import failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    import_with(lake, files, extra)
 }
 
 fn sample() -> &'static Path {

@@ -572,10 +572,7 @@ impl TableProvider for AuditTableProvider {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let tables = self.source.tables().await.map_err(|e| match e {
-            QueryError::DataFusion(e) => e,
-            other => DataFusionError::External(Box::new(other)),
-        })?;
+        let tables = self.source.tables().await.map_err(crate::into_datafusion)?;
         let batch = tables.get(self.view).clone();
         let mem = MemTable::try_new(self.view.schema(), vec![vec![batch]])?;
         mem.scan(state, projection, filters, limit).await

@@ -80,6 +80,15 @@ impl QueryError {
     }
 }
 
+/// Back into DataFusion's error, for table providers: a DataFusion error
+/// keeps its category, anything else is external.
+pub(crate) fn into_datafusion(e: QueryError) -> DataFusionError {
+    match e {
+        QueryError::DataFusion(e) => e,
+        other => DataFusionError::External(Box::new(other)),
+    }
+}
+
 fn is_client_error(e: &DataFusionError) -> bool {
     match e.find_root() {
         DataFusionError::SQL(..)
@@ -194,12 +203,7 @@ impl QueryEngine {
         for table in Table::ALL {
             ctx.register_table(table.name(), self.provider_with(manifest, table, pending)?)?;
         }
-        let source = Arc::new(AuditSource::new(
-            self.lake.clone(),
-            manifest.clone(),
-            self.audit.clone(),
-            pending.map(|p| p.events.clone()).unwrap_or_default(),
-        ));
+        let source = self.audit_source(manifest.clone(), pending);
         for view in AuditView::ALL {
             ctx.register_table(
                 view.name(),
@@ -262,6 +266,16 @@ impl QueryEngine {
             ctx.register_object_store(store.url(), store.object_store());
         }
         Ok(ctx)
+    }
+
+    /// What the audit tables of one snapshot are computed from.
+    fn audit_source(&self, m: Manifest, pending: Option<&PendingSnapshot>) -> Arc<AuditSource> {
+        Arc::new(AuditSource::new(
+            self.lake.clone(),
+            m,
+            self.audit.clone(),
+            pending.map(|p| p.events.clone()).unwrap_or_default(),
+        ))
     }
 
     /// The lake's files of `table`, plus the buffered rows if any.
@@ -390,24 +404,15 @@ impl TableProvider for LiveTable {
         filters: &[datafusion::logical_expr::Expr],
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
-        let external = |e: QueryError| match e {
-            QueryError::DataFusion(e) => e,
-            other => DataFusionError::External(Box::new(other)),
-        };
-        let (m, pending) = self.engine.snapshot().await.map_err(external)?;
+        let (m, pending) = self.engine.snapshot().await.map_err(into_datafusion)?;
         let provider: Arc<dyn TableProvider> = match self.kind {
             LiveKind::Lake(t) => self
                 .engine
                 .provider_with(&m, t, pending.as_deref())
-                .map_err(external)?,
+                .map_err(into_datafusion)?,
             LiveKind::Audit(view) => Arc::new(AuditTableProvider {
                 view,
-                source: Arc::new(AuditSource::new(
-                    self.engine.lake.clone(),
-                    m,
-                    self.engine.audit.clone(),
-                    pending.map(|p| p.events.clone()).unwrap_or_default(),
-                )),
+                source: self.engine.audit_source(m, pending.as_deref()),
             }),
         };
         provider.scan(state, projection, filters, limit).await

@@ -520,6 +520,17 @@ fn nothing() -> LogicalPlan {
     })
 }
 
+impl Verdict {
+    /// What a hook answers for a statement run (not just parsed).
+    fn into_response(self) -> Option<PgWireResult<Response>> {
+        match self {
+            Verdict::Pass => None,
+            Verdict::Ack(tag) => Some(Ok(Response::Execution(Tag::new(tag)))),
+            Verdict::Refuse(e) => Some(Err(e)),
+        }
+    }
+}
+
 #[async_trait]
 impl QueryHook for ReadOnlyHook {
     async fn handle_simple_query(
@@ -528,11 +539,7 @@ impl QueryHook for ReadOnlyHook {
         _ctx: &SessionContext,
         _client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
-        match verdict(statement) {
-            Verdict::Pass => None,
-            Verdict::Ack(tag) => Some(Ok(Response::Execution(Tag::new(tag)))),
-            Verdict::Refuse(e) => Some(Err(e)),
-        }
+        verdict(statement).into_response()
     }
 
     async fn handle_extended_parse_query(
@@ -557,11 +564,7 @@ impl QueryHook for ReadOnlyHook {
         _client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
         // Refused statements never get past Parse; checked again all the same.
-        match verdict(statement) {
-            Verdict::Pass => None,
-            Verdict::Ack(tag) => Some(Ok(Response::Execution(Tag::new(tag)))),
-            Verdict::Refuse(e) => Some(Err(e)),
-        }
+        verdict(statement).into_response()
     }
 }
 

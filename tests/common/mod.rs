@@ -470,9 +470,15 @@ pub fn write_unsafe(dir: &Path) -> PathBuf {
 
 /// Imports NDJSON files into the lake with `leaseline import`.
 pub fn import_files(lake: &Path, files: &[PathBuf]) {
+    import_with(lake, files, &[]);
+}
+
+/// `leaseline import` with extra flags; returns its stdout (the summary).
+pub fn import_with(lake: &Path, files: &[impl AsRef<std::ffi::OsStr>], extra: &[&str]) -> String {
     let out = leaseline()
         .args(["import", "--lake"])
         .arg(lake)
+        .args(extra)
         .args(files)
         .output()
         .unwrap();
@@ -481,6 +487,7 @@ pub fn import_files(lake: &Path, files: &[PathBuf]) {
         "import failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// `leaseline serve` on a free port, killed on drop.
