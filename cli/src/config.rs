@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use anyhow::Context;
+use leaseline_alerts::{AlertsConfig, MetricsConfig};
 use leaseline_audit::AuditConfig;
 use leaseline_ingest::{CompactionConfig, FlushPolicy, KafkaConfig};
 use leaseline_query::QueryLimits;
@@ -28,6 +29,11 @@ pub struct Config {
     pub query: QueryLimits,
     /// `leaseline serve`.
     pub serve: ServeConfig,
+    /// The alert rules, their thresholds, windows and severities, and the
+    /// receivers (`[[alerts.receivers]]`).
+    pub alerts: AlertsConfig,
+    /// What `/metrics` labels by (`per_lease_prefixes`).
+    pub metrics: MetricsConfig,
 }
 
 /// The `[serve]` table.
@@ -89,6 +95,8 @@ impl Default for Config {
             audit: AuditConfig::default(),
             query: QueryLimits::default(),
             serve: ServeConfig::default(),
+            alerts: AlertsConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -101,7 +109,12 @@ impl Config {
         };
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config file {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+        let cfg: Config = toml::from_str(&text)
+            .with_context(|| format!("invalid config file {}", path.display()))?;
+        cfg.alerts
+            .validate()
+            .with_context(|| format!("invalid config file {}", path.display()))?;
+        Ok(cfg)
     }
 }
 

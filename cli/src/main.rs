@@ -6,6 +6,7 @@
 //! comes from defaults, then `--config FILE`, then environment variables
 //! and flags (`leaseline help <command>` lists them).
 
+mod alerting;
 mod check;
 mod config;
 mod serve;
@@ -202,11 +203,14 @@ enum Command {
         /// loopback address.
         #[arg(long, env = "LEASELINE_PG_PASSWORD", hide_env_values = true)]
         pg_password: Option<String>,
-        /// Also consume Kafka into the lake, as `leaseline ingest` does.
+        /// Also consume Kafka into the lake, as `leaseline ingest` does, and
+        /// evaluate the alert rules on the events as they come.
         #[arg(long, env = "LEASELINE_SERVE_INGEST")]
         ingest: bool,
         #[command(flatten)]
         ingest_args: IngestArgs,
+        #[command(flatten)]
+        alerts: alerting::AlertArgs,
     },
     /// Import NDJSON files (`-` for standard input) into the lake.
     Import {
@@ -214,6 +218,13 @@ enum Command {
         lake: LakeArgs,
         #[command(flatten)]
         flush: FlushArgs,
+        #[command(flatten)]
+        alerts: alerting::AlertArgs,
+        /// Send the alerts the imported history would have raised to the
+        /// configured receivers (by default they are only recorded in
+        /// `lease_alerts`).
+        #[arg(long, env = "LEASELINE_IMPORT_NOTIFY")]
+        notify: bool,
         /// NDJSON files, one event per line.
         #[arg(required = true)]
         files: Vec<String>,
@@ -340,7 +351,9 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             pg_password,
             ingest,
             ingest_args,
+            alerts,
         } => {
+            alerts.apply(&mut cfg)?;
             if let Some(a) = pg_listen {
                 cfg.serve.pg_listen = Some(a);
             }
@@ -365,10 +378,17 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             let lake = lake.open(&cfg)?;
             serve::run(lake, cfg).await.map(|()| ExitCode::SUCCESS)
         }
-        Command::Import { lake, flush, files } => {
+        Command::Import {
+            lake,
+            flush,
+            alerts,
+            notify,
+            files,
+        } => {
             flush.apply(&mut cfg);
+            alerts.apply(&mut cfg)?;
             let lake = lake.open(&cfg)?;
-            run_import(lake, &cfg, files)
+            run_import(lake, &cfg, files, notify)
                 .await
                 .map(|()| ExitCode::SUCCESS)
         }
@@ -463,7 +483,7 @@ async fn run_ingest(lake: Lake, cfg: Config) -> anyhow::Result<()> {
         info!("shutdown requested");
         signal_stop.store(true, Ordering::SeqCst);
     });
-    ingest_until(lake, &cfg, stop, None).await
+    ingest_until(lake, &cfg, stop, Default::default()).await
 }
 
 /// Consumes Kafka into the lake until `stop` is set, compacting in the
@@ -472,7 +492,7 @@ pub(crate) async fn ingest_until(
     lake: Lake,
     cfg: &Config,
     stop: Arc<AtomicBool>,
-    pending: Option<leaseline_lake::PendingRows>,
+    hooks: leaseline_ingest::IngestHooks,
 ) -> anyhow::Result<()> {
     let compactor = cfg.compaction.enabled.then(|| {
         let lake = lake.clone();
@@ -494,7 +514,7 @@ pub(crate) async fn ingest_until(
     });
 
     // Stop consuming, flush, commit offsets; then stop the background work.
-    let stats = kafka::run(lake, &cfg.kafka, cfg.flush.clone(), stop, pending).await?;
+    let stats = kafka::run(lake, &cfg.kafka, cfg.flush.clone(), stop, hooks).await?;
     if let Some(c) = compactor {
         c.abort();
     }
@@ -508,7 +528,12 @@ pub(crate) async fn ingest_until(
     Ok(())
 }
 
-async fn run_import(lake: Lake, cfg: &Config, files: Vec<String>) -> anyhow::Result<()> {
+async fn run_import(
+    lake: Lake,
+    cfg: &Config,
+    files: Vec<String>,
+    notify: bool,
+) -> anyhow::Result<()> {
     let total: u64 = files
         .iter()
         .filter(|f| *f != "-")
@@ -528,7 +553,11 @@ async fn run_import(lake: Lake, cfg: &Config, files: Vec<String>) -> anyhow::Res
         ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .expect("valid template"),
     );
-    let summary = import(lake.clone(), inputs, &cfg.flush, |b| bar.set_position(b)).await?;
+    let (tap, engine) = alerting::replay_tap(cfg);
+    let summary = import(lake.clone(), inputs, &cfg.flush, Some(tap), |b| {
+        bar.set_position(b)
+    })
+    .await?;
     bar.finish_and_clear();
     println!(
         "imported {} lines: {} events, {} duplicates, {} rejects; {} files written in {:.2}s ({:.0} lines/s)",
@@ -549,5 +578,27 @@ async fn run_import(lake: Lake, cfg: &Config, files: Vec<String>) -> anyhow::Res
         m.files.len(),
         m.version
     );
+    let mut engine = std::mem::replace(
+        &mut *engine.lock().unwrap_or_else(|p| p.into_inner()),
+        leaseline_alerts::AlertEngine::new(cfg.alerts.clone(), cfg.audit, None),
+    );
+    let changes = alerting::finish_replay(&mut engine, Some(&lake), cfg, notify).await?;
+    let fired = changes
+        .iter()
+        .filter(|a| a.state == leaseline_alerts::AlertState::Firing)
+        .count();
+    if fired > 0 {
+        println!(
+            "{fired} alerts would have fired ({}; recorded in lease_alerts):\n{}",
+            if notify {
+                "sent to the receivers"
+            } else {
+                "nobody notified; --notify sends them"
+            },
+            alerting::summarize(&changes).trim_end()
+        );
+    } else {
+        println!("no alert would have fired");
+    }
     Ok(())
 }

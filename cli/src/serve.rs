@@ -1,8 +1,13 @@
 //! `leaseline serve`: the HTTP API, the PostgreSQL protocol, and optionally
 //! ingest, in one process.
 //!
+//! With ingest, the alert engine evaluates the events as they are consumed
+//! and `/metrics` shows ingest's health too.
+//!
 //! Shutdown runs in order: stop consuming, flush the last Parquet file and
-//! commit offsets (all inside the ingest task), and only then stop serving,
+//! commit offsets (all inside the ingest task), let the alert engine write
+//! its history and hand queued alerts to receivers, and only then stop
+//! serving,
 //! so queries keep working until the lake holds everything consumed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,9 +19,12 @@ use leaseline_query::QueryEngine;
 use leaseline_server::http::{router, AppState};
 use tracing::{error, info};
 
+use crate::alerting;
 use crate::config::Config;
+use leaseline_alerts::LeaseMetrics;
+use leaseline_ingest::{IngestHooks, IngestMetrics};
 
-pub async fn run(lake: Lake, cfg: Config) -> anyhow::Result<()> {
+pub async fn run(lake: Lake, mut cfg: Config) -> anyhow::Result<()> {
     // With ingest in this process, queries also see the rows it has
     // consumed but not yet flushed (within a fraction of a second).
     let pending = cfg.serve.ingest.then(PendingRows::new);
@@ -30,6 +38,12 @@ pub async fn run(lake: Lake, cfg: Config) -> anyhow::Result<()> {
         .with_context(|| format!("binding the HTTP API to {}", cfg.serve.http_listen))?;
     let addr = listener.local_addr()?;
     info!(%addr, "HTTP API listening on http://{addr}");
+    if cfg.alerts.external_url.is_none() {
+        cfg.alerts.external_url = url::Url::parse(&format!("http://{addr}/")).ok();
+    }
+    let lease_metrics = LeaseMetrics::new(&cfg.metrics);
+    let ingest_metrics = cfg.serve.ingest.then(IngestMetrics::new);
+    let registry = Arc::new(alerting::registry(&lease_metrics, ingest_metrics.clone()));
 
     let (pg_stop, pg) = match cfg.serve.pg_listen {
         Some(addr) => {
@@ -66,6 +80,7 @@ pub async fn run(lake: Lake, cfg: Config) -> anyhow::Result<()> {
     let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let app = router(AppState {
         engine: engine.clone(),
+        metrics: Some(Arc::new(move || alerting::render(&registry))),
     });
     let http = tokio::spawn(async move {
         axum::serve(listener, app)
@@ -76,9 +91,19 @@ pub async fn run(lake: Lake, cfg: Config) -> anyhow::Result<()> {
     });
 
     let stop = Arc::new(AtomicBool::new(false));
+    // The alert engine sees every event ingest accepts, as it is consumed;
+    // it stops when ingest has stopped and dropped its tap.
+    let mut alerts = None;
     let mut ingest = cfg.serve.ingest.then(|| {
-        let (lake, cfg, stop, pending) = (lake.clone(), cfg.clone(), stop.clone(), pending.clone());
-        tokio::spawn(async move { crate::ingest_until(lake, &cfg, stop, pending).await })
+        let (tap, task) = alerting::start_live(&cfg, lake.clone(), lease_metrics.clone());
+        alerts = Some(task);
+        let hooks = IngestHooks {
+            pending: pending.clone(),
+            tap: Some(tap),
+            metrics: ingest_metrics.clone(),
+        };
+        let (lake, cfg, stop) = (lake.clone(), cfg.clone(), stop.clone());
+        tokio::spawn(async move { crate::ingest_until(lake, &cfg, stop, hooks).await })
     });
 
     // Run until a signal, or until ingest stops on its own (an error).
@@ -101,6 +126,11 @@ pub async fn run(lake: Lake, cfg: Config) -> anyhow::Result<()> {
             None => None,
         },
     };
+    if let Some(task) = alerts {
+        if let Err(e) = task.await {
+            error!(error = %e, "alert engine task failed");
+        }
+    }
     let _ = http_stop.send(());
     if let Some(stop) = pg_stop {
         let _ = stop.send(());

@@ -54,17 +54,19 @@ impl ImportInput {
     }
 }
 
-/// Imports NDJSON inputs into the lake. `progress` is called with the
+/// Imports NDJSON inputs into the lake; `tap` sees each new event. `progress` is called with the
 /// number of bytes read so far. Blank lines are not messages and are
 /// skipped; every other line becomes an event, a duplicate or a reject.
 pub async fn import(
     lake: Lake,
     inputs: Vec<ImportInput>,
     policy: &FlushPolicy,
+    tap: Option<crate::hooks::EventTap>,
     mut progress: impl FnMut(u64),
 ) -> Result<ImportSummary> {
     let started = Instant::now();
     let mut writer = LakeWriter::open(lake).await?;
+    writer.attach(tap, None);
     let before = writer.stats();
     let mut lines = 0u64;
     let mut bytes_read = 0u64;

@@ -29,11 +29,12 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::runtime::Handle;
 use tracing::{error, info, warn};
 
-use leaseline_lake::{Lake, PendingRows};
+use leaseline_lake::Lake;
 use leaseline_schema::Origin;
 
 use crate::config::{FlushPolicy, KafkaConfig};
 use crate::error::{IngestError, Result};
+use crate::hooks::{IngestHooks, IngestMetrics};
 use crate::writer::{LakeWriter, WriterStats};
 
 const POLL_TIMEOUT: Duration = Duration::from_millis(100);
@@ -47,6 +48,7 @@ struct IngestContext {
     writer: Arc<Mutex<LakeWriter>>,
     handle: Handle,
     resume: ResumePoints,
+    metrics: Option<Arc<IngestMetrics>>,
 }
 
 impl IngestContext {
@@ -99,7 +101,22 @@ impl ResumePoints {
     }
 }
 
-impl ClientContext for IngestContext {}
+impl ClientContext for IngestContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let Some(m) = &self.metrics else { return };
+        let mut lag = m.lag.lock().unwrap_or_else(|p| p.into_inner());
+        lag.clear();
+        for (topic, t) in statistics.topics {
+            for (id, p) in t.partitions {
+                // librdkafka lists an internal partition -1 and reports -1
+                // for partitions it does not consume.
+                if id >= 0 && p.consumer_lag >= 0 {
+                    lag.insert((topic.clone(), id), p.consumer_lag);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for IngestContext {
     fn rebalance(
@@ -231,7 +248,9 @@ pub fn client_config(cfg: &KafkaConfig) -> Result<ClientConfig> {
         .set("queued.max.messages.kbytes", "16384")
         // A fetch waits at most this long for new messages (librdkafka's
         // default is 500 ms): events must reach SQL within a second.
-        .set("fetch.wait.max.ms", "100");
+        .set("fetch.wait.max.ms", "100")
+        // Per-partition lag for /metrics comes from librdkafka's statistics.
+        .set("statistics.interval.ms", "5000");
     for (k, v) in &cfg.properties {
         c.set(k, v);
     }
@@ -239,24 +258,27 @@ pub fn client_config(cfg: &KafkaConfig) -> Result<ClientConfig> {
 }
 
 /// Consumes until `stop` is set, then stops in order: stop consuming,
-/// flush, commit offsets, leave the group. With `pending`, buffered rows are
-/// published there for queries in the same process.
+/// flush, commit offsets, leave the group. With `hooks.pending`, buffered
+/// rows are published there for queries in the same process; `hooks.tap`
+/// sees each accepted event as it is consumed.
 pub async fn run(
     lake: Lake,
     cfg: &KafkaConfig,
     policy: FlushPolicy,
     stop: Arc<AtomicBool>,
-    pending: Option<PendingRows>,
+    hooks: IngestHooks,
 ) -> Result<WriterStats> {
     let mut opened = LakeWriter::open(lake).await?;
-    if let Some(p) = pending {
+    if let Some(p) = hooks.pending {
         opened.publish_to(p);
     }
+    opened.attach(hooks.tap, hooks.metrics.clone());
     let writer = Arc::new(Mutex::new(opened));
     let ctx = IngestContext {
         writer: writer.clone(),
         handle: Handle::current(),
         resume: ResumePoints::default(),
+        metrics: hooks.metrics,
     };
     let consumer: BaseConsumer<IngestContext> = client_config(cfg)?.create_with_context(ctx)?;
     let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();

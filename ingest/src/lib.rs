@@ -9,16 +9,22 @@
 //! byte for byte with its reason and origin, in `lease_rejects`; and the
 //! Kafka offsets those rows cover, in the same commit.
 //!
+//! Attachments ([`IngestHooks`]): a tap that sees each accepted event as
+//! it is consumed (the alert engine), [`IngestMetrics`] for `/metrics`,
+//! and the buffer queries read before a flush.
+//!
 //! Key types: [`LakeWriter`] (buffer, flush, conflict handling),
 //! [`FlushPolicy`], [`KafkaConfig`], [`CompactionConfig`], [`IngestError`].
 //! Ingest never reads through the query layer.
 
 pub mod config;
 mod error;
+mod hooks;
 pub mod import;
 pub mod kafka;
 mod writer;
 
 pub use crate::config::{CompactionConfig, FlushPolicy, KafkaConfig};
 pub use crate::error::{IngestError, Result};
+pub use crate::hooks::{EventTap, IngestHooks, IngestMetrics};
 pub use crate::writer::{FlushReport, LakeWriter, Pushed, WriterStats};

@@ -2,6 +2,7 @@
 //! with the Kafka ranges they cover, de-duplicated by `event_id`.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::{Array, AsArray, RecordBatch};
@@ -15,6 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::FlushPolicy;
 use crate::error::Result;
+use crate::hooks::{EventTap, IngestMetrics};
 
 /// What happened to one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +70,8 @@ pub struct LakeWriter {
     /// they are written by the next flush, before the builders' rest.
     published_events: Vec<RecordBatch>,
     published_rejects: Vec<RecordBatch>,
+    tap: Option<EventTap>,
+    metrics: Option<Arc<IngestMetrics>>,
 }
 
 fn now_us() -> i64 {
@@ -101,6 +105,8 @@ impl LakeWriter {
             buffered_bytes: 0,
             first_buffered: None,
             stats: WriterStats::default(),
+            tap: None,
+            metrics: None,
             pending: None,
             published_events: Vec::new(),
             published_rejects: Vec::new(),
@@ -109,6 +115,13 @@ impl LakeWriter {
 
     /// Publishes buffered rows through `pending` from now on (see
     /// [`LakeWriter::publish`]).
+    /// Attaches a tap and counters (see [`IngestHooks`]); the pending
+    /// buffer is attached with [`LakeWriter::publish_to`].
+    pub fn attach(&mut self, tap: Option<EventTap>, metrics: Option<Arc<IngestMetrics>>) {
+        self.tap = tap;
+        self.metrics = metrics;
+    }
+
     pub fn publish_to(&mut self, pending: PendingRows) {
         self.pending = Some(pending);
         self.publish();
@@ -183,15 +196,27 @@ impl LakeWriter {
                 if fresh {
                     self.events.append(&ev, &origin, now);
                     self.stats.events += 1;
+                    if let Some(tap) = &mut self.tap {
+                        tap(&ev);
+                    }
+                    if let Some(m) = &self.metrics {
+                        IngestMetrics::add(&m.events, 1);
+                    }
                     Pushed::Event
                 } else {
                     self.stats.duplicates += 1;
+                    if let Some(m) = &self.metrics {
+                        IngestMetrics::add(&m.duplicates, 1);
+                    }
                     Pushed::Duplicate
                 }
             }
             Err(err) => {
                 self.rejects.append(payload, &err, &origin, now);
                 self.stats.rejects += 1;
+                if let Some(m) = &self.metrics {
+                    IngestMetrics::add(&m.rejects, 1);
+                }
                 Pushed::Reject
             }
         };
@@ -267,7 +292,19 @@ impl LakeWriter {
     /// gone: the caller must not commit Kafka offsets and should restart
     /// from the lake's offsets.
     pub async fn flush(&mut self) -> Result<FlushReport> {
+        let started = Instant::now();
         let result = self.flush_buffer().await;
+        if let (Some(m), Ok(r)) = (&self.metrics, &result) {
+            if !r.files.is_empty() {
+                let us = started.elapsed().as_micros() as u64;
+                IngestMetrics::add(&m.flushes, 1);
+                IngestMetrics::add(&m.flush_micros, us);
+                m.last_flush_micros
+                    .store(us, std::sync::atomic::Ordering::Relaxed);
+                IngestMetrics::add(&m.files_written, r.files.len() as u64);
+                IngestMetrics::add(&m.commits, 1);
+            }
+        }
         if self.pending.is_some() {
             // The rows stay published until the commit is decided, so a
             // reader never misses them in between.

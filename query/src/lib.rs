@@ -33,6 +33,10 @@ use leaseline_audit::AuditConfig;
 use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, PendingRows, PendingSnapshot, Table};
 use leaseline_schema::ReadError;
 
+/// The alert history table, written by `leaseline-alerts` under this folder
+/// of the lake.
+pub const ALERTS_TABLE: &str = "lease_alerts";
+
 pub mod audit;
 mod limits;
 pub mod output;
@@ -203,6 +207,7 @@ impl QueryEngine {
         for table in Table::ALL {
             ctx.register_table(table.name(), self.provider_with(manifest, table, pending)?)?;
         }
+        ctx.register_table(ALERTS_TABLE, self.alerts_provider()?)?;
         let source = self.audit_source(manifest.clone(), pending);
         for view in AuditView::ALL {
             ctx.register_table(
@@ -231,6 +236,7 @@ impl QueryEngine {
                 }),
             )?;
         }
+        ctx.register_table(ALERTS_TABLE, self.alerts_provider()?)?;
         for view in AuditView::ALL {
             ctx.register_table(
                 view.name(),
@@ -295,6 +301,24 @@ impl QueryEngine {
             lake,
             pending: Arc::new(mem),
         }))
+    }
+
+    /// `lease_alerts`: every Parquet file the alert engine wrote under
+    /// `lease_alerts/`, listed when a query scans it (the history is
+    /// append-only, outside the manifest).
+    fn alerts_provider(&self) -> Result<Arc<dyn TableProvider>> {
+        let url = self
+            .lake
+            .store()
+            .url()
+            .join(&format!("{ALERTS_TABLE}/"))
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let options =
+            ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+        let config = ListingTableConfig::new(ListingTableUrl::parse(url.as_str())?)
+            .with_listing_options(options)
+            .with_schema(leaseline_schema::ALERTS_SCHEMA.clone());
+        Ok(Arc::new(ListingTable::try_new(config)?))
     }
 
     fn table_provider(&self, m: &Manifest, table: Table) -> Result<Arc<dyn TableProvider>> {

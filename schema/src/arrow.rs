@@ -70,6 +70,29 @@ pub static REJECTS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(fields))
 });
 
+/// Columns of `lease_alerts`: one row per alert state change (pending,
+/// firing, resolved), written by the alert engine. `lease_id`, `holder_id`
+/// and `backend` are null for alerts about the whole fleet; `kind` names the
+/// violation kind of a safety alert and the scope (`lease`, `fleet`) of a
+/// token-churn alert.
+pub static ALERTS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("alertname", DataType::Utf8, false),
+        Field::new("lease_id", DataType::Utf8, true),
+        Field::new("holder_id", DataType::Utf8, true),
+        Field::new("backend", DataType::Utf8, true),
+        Field::new("kind", DataType::Utf8, true),
+        Field::new("severity", DataType::Utf8, false),
+        Field::new("state", DataType::Utf8, false),
+        Field::new("starts_at", ts_type(), false),
+        Field::new("ends_at", ts_type(), true),
+        Field::new("summary", DataType::Utf8, false),
+        Field::new("description", DataType::Utf8, false),
+        Field::new("recorded_at", ts_type(), false),
+        Field::new("notified", DataType::Boolean, false),
+    ]))
+});
+
 #[derive(Default)]
 struct OriginBuilder {
     topic: StringBuilder,

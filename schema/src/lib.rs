@@ -6,7 +6,8 @@
 //! `wrong_type:fencing_token`, ...), and Arrow batches for the two lake
 //! tables, `lease_events` ([`EVENTS_SCHEMA`], built by
 //! [`EventBatchBuilder`]) and `lease_rejects` ([`REJECTS_SCHEMA`], built by
-//! [`RejectBatchBuilder`]); and back: [`EventColumns`] reads `lease_events`
+//! [`RejectBatchBuilder`]), and the alert history `lease_alerts`
+//! ([`ALERTS_SCHEMA`]); and back: [`EventColumns`] reads `lease_events`
 //! rows as events for the audit.
 //!
 //! This crate sits at the bottom of the workspace: ingest, the audit, query
@@ -18,8 +19,8 @@ mod event;
 mod read;
 
 pub use crate::arrow::{
-    EventBatchBuilder, RejectBatchBuilder, EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION,
-    SCHEMA_VERSION_KEY,
+    EventBatchBuilder, RejectBatchBuilder, ALERTS_SCHEMA, EVENTS_SCHEMA, REJECTS_SCHEMA,
+    SCHEMA_VERSION, SCHEMA_VERSION_KEY,
 };
 pub use crate::decode::{decode, decode_str, DecodeError, Field, RejectReason, MAX_ID_BYTES};
 pub use crate::event::{Kind, LeaseEvent, Origin, Source};

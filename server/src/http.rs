@@ -35,7 +35,14 @@ use crate::error::ServerError;
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Arc<QueryEngine>,
+    /// Renders `/metrics` in the Prometheus text format; the binary wires
+    /// it, since the metrics come from ingest and alerts, which this crate
+    /// does not know. `None`: 404.
+    pub metrics: Option<MetricsRenderer>,
 }
+
+/// See [`AppState::metrics`].
+pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// The API's routes.
 pub fn router(state: AppState) -> Router {
@@ -44,7 +51,22 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/sql", post(sql))
         .route("/api/v1/leases/{lease_id}/timeline", get(timeline))
         .route("/api/v1/violations", get(violations))
+        .route("/metrics", get(metrics))
         .with_state(state)
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    match &s.metrics {
+        Some(render) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            render(),
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 async fn health(State(s): State<AppState>) -> Response {

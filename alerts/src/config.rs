@@ -1,0 +1,382 @@
+//! The `[alerts]` and `[metrics]` tables of the configuration file.
+//!
+//! Every rule has the contract's default ("Alert defaults" in
+//! `shared/spec/lease-events.md`); [`AlertsConfig::validate`] refuses
+//! impossible values at start-up with a message naming the field.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use url::Url;
+
+use crate::error::{AlertError, Result};
+
+/// How urgent an alert is: its `severity` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+/// The alert engine: when it evaluates, its rules, where alerts go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertsConfig {
+    /// How late, by event time, an event may arrive and still count as if it
+    /// had come in order. Windows close, and safety violations are
+    /// confirmed, only once the watermark (newest event time or wall clock,
+    /// minus this) has passed them. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub lateness: Duration,
+    /// The step at which windowed rules (latency, renewal failures, token
+    /// churn) are evaluated, in event time. Windows are whole steps.
+    /// Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub evaluation_interval: Duration,
+    /// How often firing alerts are sent again to Alertmanager, which forgets
+    /// an alert that is not re-sent. Default 1 min.
+    #[serde(with = "humantime_serde")]
+    pub resend_interval: Duration,
+    /// The base URL that alert links (the lease's timeline) start with, for
+    /// example `https://leaseline.example.com`. Default: the HTTP API's own
+    /// address.
+    pub external_url: Option<Url>,
+    /// Undelivered alert updates kept per receiver while it is down. Updates
+    /// of one alert replace each other, so this bounds distinct alerts;
+    /// beyond it the oldest update is dropped, counted and logged.
+    /// Default 10000.
+    pub queue_capacity: usize,
+    /// Where alerts go; several at once. Default: none (the console and the
+    /// `lease_alerts` table only).
+    pub receivers: Vec<ReceiverConfig>,
+    pub rules: RulesConfig,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        AlertsConfig {
+            lateness: Duration::from_secs(30),
+            evaluation_interval: Duration::from_secs(10),
+            resend_interval: Duration::from_secs(60),
+            external_url: None,
+            queue_capacity: 10_000,
+            receivers: Vec::new(),
+            rules: RulesConfig::default(),
+        }
+    }
+}
+
+/// One destination for alerts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, tag = "type", rename_all = "snake_case")]
+pub enum ReceiverConfig {
+    /// Prometheus Alertmanager: `POST {url}/api/v2/alerts`.
+    Alertmanager {
+        /// A name for logs and metrics.
+        name: String,
+        /// Alertmanager's base URL, e.g. `http://127.0.0.1:9093`.
+        url: Url,
+    },
+    /// A generic JSON webhook, in Alertmanager's webhook format (version 4).
+    Webhook { name: String, url: Url },
+}
+
+impl ReceiverConfig {
+    pub fn name(&self) -> &str {
+        match self {
+            ReceiverConfig::Alertmanager { name, .. } | ReceiverConfig::Webhook { name, .. } => {
+                name
+            }
+        }
+    }
+}
+
+/// The built-in rules.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RulesConfig {
+    pub acquisition_latency: LatencyRule,
+    pub renewal_failures: RenewalFailureRule,
+    pub forced_expiry: EventRule,
+    pub stale_write_rejected: EventRule,
+    pub token_churn: ChurnRule,
+    pub safety_violation: ViolationRule,
+}
+
+/// Fires per backend when a quantile of `acquired.latency_ms` over the
+/// window exceeds the threshold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LatencyRule {
+    pub enabled: bool,
+    /// Default 0.99.
+    pub quantile: f64,
+    /// Default 200 ms.
+    pub threshold_ms: f64,
+    /// Default 5 min.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Fewer acquisitions than this in the window say nothing. Default 20.
+    pub min_samples: u64,
+    /// How long the condition must hold before the alert fires (it is
+    /// pending meanwhile). Default 0.
+    #[serde(rename = "for", with = "humantime_serde")]
+    pub for_duration: Duration,
+    /// Default warning.
+    pub severity: Severity,
+}
+
+impl Default for LatencyRule {
+    fn default() -> Self {
+        LatencyRule {
+            enabled: true,
+            quantile: 0.99,
+            threshold_ms: 200.0,
+            window: Duration::from_secs(300),
+            min_samples: 20,
+            for_duration: Duration::ZERO,
+            severity: Severity::Warning,
+        }
+    }
+}
+
+/// Fires per backend when `renew_failed / (renewed + renew_failed)` over the
+/// window exceeds the ratio.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RenewalFailureRule {
+    pub enabled: bool,
+    /// Default 0.01 (1 %).
+    pub max_failure_ratio: f64,
+    /// Default 60 s.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Fewer keepalives than this in the window say nothing: one blip among
+    /// ten renewals is not a 10 % failure rate. Default 100.
+    pub min_attempts: u64,
+    #[serde(rename = "for", with = "humantime_serde")]
+    pub for_duration: Duration,
+    /// Default warning.
+    pub severity: Severity,
+}
+
+impl Default for RenewalFailureRule {
+    fn default() -> Self {
+        RenewalFailureRule {
+            enabled: true,
+            max_failure_ratio: 0.01,
+            window: Duration::from_secs(60),
+            min_attempts: 100,
+            for_duration: Duration::ZERO,
+            severity: Severity::Warning,
+        }
+    }
+}
+
+/// Fires, per lease and holder, on any event of its kind (`expired`,
+/// `stale_write_rejected`) and resolves once a window passes without
+/// another.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventRule {
+    pub enabled: bool,
+    /// Default 1 min.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Default warning.
+    pub severity: Severity,
+}
+
+impl Default for EventRule {
+    fn default() -> Self {
+        EventRule {
+            enabled: true,
+            window: Duration::from_secs(60),
+            severity: Severity::Warning,
+        }
+    }
+}
+
+/// Fires when grants (new fencing tokens) in the window exceed `factor`
+/// times the baseline: the mean number of grants per window over the
+/// `baseline_window` before it, per lease and for the whole fleet. The
+/// baseline never counts for less than the floor, so a quiet lease must
+/// still see `factor * min_lease_grants` grants to alert. The rule starts
+/// once the engine has seen one window of history (before that there is
+/// no baseline, and a start-up storm of acquisitions is not churn).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChurnRule {
+    pub enabled: bool,
+    /// Default 10.
+    pub factor: f64,
+    /// Default 1 min.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Default 1 h.
+    #[serde(with = "humantime_serde")]
+    pub baseline_window: Duration,
+    /// The per-lease baseline's floor, in grants per window. Default 1.
+    pub min_lease_grants: f64,
+    /// The fleet baseline's floor, in grants per window. Default 10.
+    pub min_fleet_grants: f64,
+    #[serde(rename = "for", with = "humantime_serde")]
+    pub for_duration: Duration,
+    /// Default warning.
+    pub severity: Severity,
+}
+
+impl Default for ChurnRule {
+    fn default() -> Self {
+        ChurnRule {
+            enabled: true,
+            factor: 10.0,
+            window: Duration::from_secs(60),
+            baseline_window: Duration::from_secs(3600),
+            min_lease_grants: 1.0,
+            min_fleet_grants: 10.0,
+            for_duration: Duration::ZERO,
+            severity: Severity::Warning,
+        }
+    }
+}
+
+/// Fires on any violation the audit confirms, per lease, kind and holder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ViolationRule {
+    pub enabled: bool,
+    /// A violation is history, not a state: its alert resolves once this
+    /// much event time passes without another of its kind on the lease.
+    /// Default 15 min.
+    #[serde(with = "humantime_serde")]
+    pub resolve_after: Duration,
+    /// Default critical.
+    pub severity: Severity,
+}
+
+impl Default for ViolationRule {
+    fn default() -> Self {
+        ViolationRule {
+            enabled: true,
+            resolve_after: Duration::from_secs(900),
+            severity: Severity::Critical,
+        }
+    }
+}
+
+/// The `[metrics]` table: what `/metrics` labels by.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Lease ids starting with one of these get their own `lease_id` label
+    /// on the lease counters; all others are counted per backend only, so
+    /// the number of series stays bounded. Default: none.
+    pub per_lease_prefixes: Vec<String>,
+}
+
+fn positive(name: &str, d: Duration) -> Result<()> {
+    if d.is_zero() {
+        return Err(AlertError::Config(format!("{name} must be more than zero")));
+    }
+    Ok(())
+}
+
+impl AlertsConfig {
+    /// Checks what serde cannot: ranges, and that windows are whole
+    /// evaluation steps.
+    pub fn validate(&self) -> Result<()> {
+        positive("alerts.evaluation_interval", self.evaluation_interval)?;
+        positive("alerts.resend_interval", self.resend_interval)?;
+        if self.queue_capacity == 0 {
+            return Err(AlertError::Config(
+                "alerts.queue_capacity must be at least 1".into(),
+            ));
+        }
+        let step = self.evaluation_interval.as_micros();
+        let whole = |name: &str, d: Duration| -> Result<()> {
+            positive(name, d)?;
+            if d.as_micros() % step != 0 {
+                return Err(AlertError::Config(format!(
+                    "{name} ({}) must be a whole number of alerts.evaluation_interval ({})",
+                    humantime::format_duration(d),
+                    humantime::format_duration(self.evaluation_interval)
+                )));
+            }
+            Ok(())
+        };
+        let r = &self.rules;
+        whole(
+            "alerts.rules.acquisition_latency.window",
+            r.acquisition_latency.window,
+        )?;
+        whole(
+            "alerts.rules.renewal_failures.window",
+            r.renewal_failures.window,
+        )?;
+        whole("alerts.rules.token_churn.window", r.token_churn.window)?;
+        whole(
+            "alerts.rules.token_churn.baseline_window",
+            r.token_churn.baseline_window,
+        )?;
+        positive("alerts.rules.forced_expiry.window", r.forced_expiry.window)?;
+        positive(
+            "alerts.rules.stale_write_rejected.window",
+            r.stale_write_rejected.window,
+        )?;
+        positive(
+            "alerts.rules.safety_violation.resolve_after",
+            r.safety_violation.resolve_after,
+        )?;
+        let q = r.acquisition_latency.quantile;
+        if !(q > 0.0 && q <= 1.0) {
+            return Err(AlertError::Config(format!(
+                "alerts.rules.acquisition_latency.quantile must be in (0, 1], not {q}"
+            )));
+        }
+        if !(r.acquisition_latency.threshold_ms >= 0.0) {
+            return Err(AlertError::Config(
+                "alerts.rules.acquisition_latency.threshold_ms must be zero or more".into(),
+            ));
+        }
+        let ratio = r.renewal_failures.max_failure_ratio;
+        if !(0.0..1.0).contains(&ratio) {
+            return Err(AlertError::Config(format!(
+                "alerts.rules.renewal_failures.max_failure_ratio must be in [0, 1), not {ratio}"
+            )));
+        }
+        if !(r.token_churn.factor >= 1.0) {
+            return Err(AlertError::Config(format!(
+                "alerts.rules.token_churn.factor must be at least 1, not {}",
+                r.token_churn.factor
+            )));
+        }
+        if !(r.token_churn.min_lease_grants >= 0.0 && r.token_churn.min_fleet_grants >= 0.0) {
+            return Err(AlertError::Config(
+                "alerts.rules.token_churn floors must be zero or more".into(),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for rc in &self.receivers {
+            if !names.insert(rc.name()) {
+                return Err(AlertError::Config(format!(
+                    "two alert receivers are named {:?}",
+                    rc.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+}

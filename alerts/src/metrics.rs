@@ -1,0 +1,178 @@
+//! The lease metrics of `/metrics`, and the alert pipeline's own.
+//!
+//! Series are labelled by `backend` (and `kind` for violations), which keeps
+//! their number bounded by the number of lock services; a lease gets its
+//! own `lease_id` label only when its id starts with a prefix named in
+//! `[metrics] per_lease_prefixes`.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::config::MetricsConfig;
+
+type Labels = Vec<(&'static str, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new([
+        5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
+    ])
+}
+
+/// Every counter and gauge the alert engine and the delivery update. Cheap
+/// to clone: the families are shared.
+#[derive(Clone)]
+pub struct LeaseMetrics {
+    prefixes: Vec<String>,
+    pub(crate) acquisition_latency: Family<Labels, Histogram, fn() -> Histogram>,
+    pub(crate) acquisition_latency_p99: Family<Labels, FloatGauge>,
+    pub(crate) renewals: Family<Labels, Counter>,
+    pub(crate) renewal_failures: Family<Labels, Counter>,
+    pub(crate) renewal_failure_rate: Family<Labels, FloatGauge>,
+    pub(crate) expiry_forced: Family<Labels, Counter>,
+    pub(crate) token_increments: Family<Labels, Counter>,
+    pub(crate) token_increment_rate: Family<Labels, FloatGauge>,
+    pub(crate) stale_writes: Family<Labels, Counter>,
+    pub(crate) violations: Family<Labels, Counter>,
+    pub(crate) alerts_firing: Family<Labels, Gauge>,
+    pub(crate) late_events: Counter,
+    pub(crate) duplicate_events: Counter,
+    pub(crate) deliveries: Family<Labels, Counter>,
+    pub(crate) delivery_failures: Family<Labels, Counter>,
+    pub(crate) queue_overflow: Family<Labels, Counter>,
+}
+
+impl LeaseMetrics {
+    pub fn new(cfg: &MetricsConfig) -> LeaseMetrics {
+        LeaseMetrics {
+            prefixes: cfg.per_lease_prefixes.clone(),
+            acquisition_latency: Family::new_with_constructor(latency_histogram),
+            acquisition_latency_p99: Family::default(),
+            renewals: Family::default(),
+            renewal_failures: Family::default(),
+            renewal_failure_rate: Family::default(),
+            expiry_forced: Family::default(),
+            token_increments: Family::default(),
+            token_increment_rate: Family::default(),
+            stale_writes: Family::default(),
+            violations: Family::default(),
+            alerts_firing: Family::default(),
+            late_events: Counter::default(),
+            duplicate_events: Counter::default(),
+            deliveries: Family::default(),
+            delivery_failures: Family::default(),
+            queue_overflow: Family::default(),
+        }
+    }
+
+    /// Adds every series to `registry`.
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "lease_acquisition_latency_ms",
+            "Time from the first acquisition attempt to the grant (acquired.latency_ms)",
+            self.acquisition_latency.clone(),
+        );
+        r.register(
+            "lease_acquisition_latency_p99_ms",
+            "The acquisition latency quantile of the latency rule over its window, at the last evaluation",
+            self.acquisition_latency_p99.clone(),
+        );
+        r.register(
+            "lease_renewals",
+            "Successful keepalives (renewed events)",
+            self.renewals.clone(),
+        );
+        r.register(
+            "lease_renewal_failures",
+            "Failed keepalives (renew_failed events)",
+            self.renewal_failures.clone(),
+        );
+        r.register(
+            "lease_renewal_failure_rate",
+            "renew_failed / (renewed + renew_failed) over the renewal rule's window, at the last evaluation",
+            self.renewal_failure_rate.clone(),
+        );
+        r.register(
+            "lease_expiry_forced",
+            "Forced expiries (expired events)",
+            self.expiry_forced.clone(),
+        );
+        r.register(
+            "fencing_token_increments",
+            "Grants: distinct new fencing tokens",
+            self.token_increments.clone(),
+        );
+        r.register(
+            "fencing_token_increment_rate",
+            "Grants per second over the churn rule's window, at the last evaluation",
+            self.token_increment_rate.clone(),
+        );
+        r.register(
+            "stale_write_rejected",
+            "Writes the resource refused for a stale token",
+            self.stale_writes.clone(),
+        );
+        r.register(
+            "lease_violations",
+            "Safety violations the audit confirmed, by kind",
+            self.violations.clone(),
+        );
+        r.register(
+            "leaseline_alerts_active",
+            "Alerts currently pending or firing, by alertname and state",
+            self.alerts_firing.clone(),
+        );
+        r.register(
+            "leaseline_alert_late_events",
+            "Events that arrived later than the lateness bound (alerts may have missed them)",
+            self.late_events.clone(),
+        );
+        r.register(
+            "leaseline_alert_duplicate_events",
+            "Events the alert engine ignored because their event_id was already seen",
+            self.duplicate_events.clone(),
+        );
+        r.register(
+            "leaseline_alert_deliveries",
+            "Alert batches a receiver accepted",
+            self.deliveries.clone(),
+        );
+        r.register(
+            "leaseline_alert_delivery_failures",
+            "Alert deliveries that failed and will be retried",
+            self.delivery_failures.clone(),
+        );
+        r.register(
+            "leaseline_alert_queue_overflow",
+            "Alert updates dropped because a receiver's queue was full",
+            self.queue_overflow.clone(),
+        );
+    }
+
+    /// The label set of a lease counter: its backend, and its id when a
+    /// configured prefix asks for it.
+    pub(crate) fn lease_labels(&self, backend: Option<&str>, lease_id: &str) -> Labels {
+        let mut l = vec![("backend", backend.unwrap_or("").to_string())];
+        if self
+            .prefixes
+            .iter()
+            .any(|p| lease_id.starts_with(p.as_str()))
+        {
+            l.push(("lease_id", lease_id.to_string()));
+        }
+        l
+    }
+
+    pub(crate) fn backend_labels(backend: Option<&str>) -> Labels {
+        vec![("backend", backend.unwrap_or("").to_string())]
+    }
+
+    pub(crate) fn receiver_labels(receiver: &str) -> Labels {
+        vec![("receiver", receiver.to_string())]
+    }
+}

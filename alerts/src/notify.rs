@@ -1,0 +1,282 @@
+//! Delivery to receivers: Alertmanager's API v2 and generic JSON webhooks.
+//!
+//! Each receiver has its own outbox and task, so a slow or dead receiver
+//! delays nobody else. The outbox holds the newest update of each alert
+//! (an update replaces the one before it for the same alert), so a receiver
+//! that comes back after an outage gets the current state of every alert
+//! that changed meanwhile: delayed, none lost. Only when the outbox holds
+//! `queue_capacity` distinct alerts is the oldest update dropped, counted
+//! in `leaseline_alert_queue_overflow_total` and logged.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use indexmap::IndexMap;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+use crate::alert::{Alert, AlertState};
+use crate::config::ReceiverConfig;
+use crate::metrics::LeaseMetrics;
+
+const MAX_BATCH: usize = 500;
+
+fn rfc3339(us: i64) -> String {
+    DateTime::<Utc>::from_timestamp_micros(us)
+        .unwrap_or_default()
+        .to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+struct Outbox {
+    cfg: ReceiverConfig,
+    capacity: usize,
+    queue: Mutex<IndexMap<String, Value>>,
+    wake: Notify,
+    metrics: Option<LeaseMetrics>,
+}
+
+impl Outbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, IndexMap<String, Value>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn put(&self, fingerprint: String, payload: Value) {
+        let mut q = self.lock();
+        // Re-inserting moves the alert to the back: updates go out in the
+        // order they were made.
+        q.shift_remove(&fingerprint);
+        q.insert(fingerprint, payload);
+        while q.len() > self.capacity {
+            if let Some((dropped, _)) = q.shift_remove_index(0) {
+                warn!(receiver = self.cfg.name(), alert = %dropped, "alert queue full: dropped the oldest update");
+                if let Some(m) = &self.metrics {
+                    m.queue_overflow
+                        .get_or_create(&LeaseMetrics::receiver_labels(self.cfg.name()))
+                        .inc();
+                }
+            }
+        }
+        drop(q);
+        self.wake.notify_one();
+    }
+}
+
+/// Sends alert state changes to every configured receiver.
+pub struct Notifier {
+    outboxes: Vec<Arc<Outbox>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    resend_interval: Duration,
+}
+
+impl Notifier {
+    /// Starts one delivery task per receiver.
+    pub fn start(
+        receivers: &[ReceiverConfig],
+        capacity: usize,
+        resend_interval: Duration,
+        metrics: Option<LeaseMetrics>,
+    ) -> Notifier {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        let mut outboxes = Vec::new();
+        let mut tasks = Vec::new();
+        for cfg in receivers {
+            let outbox = Arc::new(Outbox {
+                cfg: cfg.clone(),
+                capacity,
+                queue: Mutex::new(IndexMap::new()),
+                wake: Notify::new(),
+                metrics: metrics.clone(),
+            });
+            tasks.push(tokio::spawn(deliver(outbox.clone(), client.clone())));
+            outboxes.push(outbox);
+        }
+        Notifier {
+            outboxes,
+            tasks,
+            resend_interval,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.outboxes.is_empty()
+    }
+
+    /// Queues alerts for every receiver. Pending alerts are not sent.
+    /// `now_us` is the wall clock: Alertmanager compares `endsAt` with its
+    /// own, so a firing alert is sent as ending a few resend intervals from
+    /// now (it is re-sent before then), and a resolved one no later than now.
+    pub fn send(&self, alerts: &[Alert], now_us: i64) {
+        for a in alerts.iter().filter(|a| a.state != AlertState::Pending) {
+            let fp = a.fingerprint();
+            for o in &self.outboxes {
+                let payload = match o.cfg {
+                    ReceiverConfig::Alertmanager { .. } => self.alertmanager_alert(a, now_us),
+                    ReceiverConfig::Webhook { .. } => self.webhook_alert(a, &fp, now_us),
+                };
+                o.put(fp.clone(), payload);
+            }
+        }
+    }
+
+    fn ends_at(&self, a: &Alert, now_us: i64) -> i64 {
+        match a.ends_at {
+            Some(e) if a.state == AlertState::Resolved => e.min(now_us),
+            _ => {
+                now_us + 4 * i64::try_from(self.resend_interval.as_micros()).unwrap_or(i64::MAX / 8)
+            }
+        }
+    }
+
+    fn annotations(a: &Alert) -> Value {
+        let mut ann = json!({"summary": a.summary, "description": a.description});
+        if let Some(u) = &a.timeline_url {
+            ann["timeline"] = Value::String(u.clone());
+        }
+        ann
+    }
+
+    fn alertmanager_alert(&self, a: &Alert, now_us: i64) -> Value {
+        let mut v = json!({
+            "labels": a.labels(),
+            "annotations": Self::annotations(a),
+            "startsAt": rfc3339(a.starts_at.min(now_us)),
+            "endsAt": rfc3339(self.ends_at(a, now_us)),
+        });
+        if let Some(u) = &a.timeline_url {
+            v["generatorURL"] = Value::String(u.clone());
+        }
+        v
+    }
+
+    fn webhook_alert(&self, a: &Alert, fp: &str, now_us: i64) -> Value {
+        json!({
+            "status": if a.state == AlertState::Firing { "firing" } else { "resolved" },
+            "labels": a.labels(),
+            "annotations": Self::annotations(a),
+            "startsAt": rfc3339(a.starts_at),
+            "endsAt": a.ends_at.filter(|_| a.state == AlertState::Resolved).map(rfc3339)
+                .unwrap_or_else(|| "0001-01-01T00:00:00Z".to_string()),
+            "generatorURL": a.timeline_url.clone().unwrap_or_default(),
+            "fingerprint": fp,
+            "sentAt": rfc3339(now_us),
+        })
+    }
+
+    /// Waits until every outbox is empty or `deadline` passes, then stops
+    /// the delivery tasks. Returns how many updates were left undelivered.
+    pub async fn shutdown(self, deadline: Duration) -> usize {
+        let drained = async {
+            loop {
+                if self.outboxes.iter().all(|o| o.lock().is_empty()) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let _ = tokio::time::timeout(deadline, drained).await;
+        for t in &self.tasks {
+            t.abort();
+        }
+        let left: usize = self.outboxes.iter().map(|o| o.lock().len()).sum();
+        if left > 0 {
+            warn!(
+                undelivered = left,
+                "stopping with alert updates undelivered"
+            );
+        }
+        left
+    }
+}
+
+async fn deliver(outbox: Arc<Outbox>, client: reqwest::Client) {
+    let name = outbox.cfg.name().to_string();
+    let mut backoff = Duration::from_millis(100);
+    let mut failures = 0u64;
+    loop {
+        let batch: Vec<(String, Value)> = {
+            let q = outbox.lock();
+            q.iter()
+                .take(MAX_BATCH)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        if batch.is_empty() {
+            outbox.wake.notified().await;
+            continue;
+        }
+        let (url, body) = match &outbox.cfg {
+            ReceiverConfig::Alertmanager { url, .. } => {
+                let mut u = url.clone();
+                u.path_segments_mut()
+                    .map(|mut p| {
+                        p.pop_if_empty().extend(["api", "v2", "alerts"]);
+                    })
+                    .ok();
+                (
+                    u,
+                    Value::Array(batch.iter().map(|(_, v)| v.clone()).collect()),
+                )
+            }
+            ReceiverConfig::Webhook { url, .. } => {
+                let alerts: Vec<Value> = batch.iter().map(|(_, v)| v.clone()).collect();
+                let firing = alerts.iter().any(|a| a["status"] == "firing");
+                (
+                    url.clone(),
+                    json!({
+                        "version": "4",
+                        "receiver": name,
+                        "status": if firing { "firing" } else { "resolved" },
+                        "alerts": alerts,
+                    }),
+                )
+            }
+        };
+        let result = client.post(url.clone()).json(&body).send().await;
+        let ok = match result {
+            Ok(r) if r.status().is_success() => true,
+            Ok(r) => {
+                let status = r.status();
+                let text = r.text().await.unwrap_or_default();
+                warn!(receiver = %name, %status, body = %text.chars().take(300).collect::<String>(), "alert delivery refused");
+                false
+            }
+            Err(e) => {
+                if failures == 0 || failures.is_multiple_of(20) {
+                    warn!(receiver = %name, error = %e, retry_in = ?backoff, "alert delivery failed");
+                }
+                false
+            }
+        };
+        let labels = LeaseMetrics::receiver_labels(&name);
+        if ok {
+            if failures > 0 {
+                info!(receiver = %name, after_failures = failures, "alert delivery recovered");
+            }
+            failures = 0;
+            backoff = Duration::from_millis(100);
+            if let Some(m) = &outbox.metrics {
+                m.deliveries.get_or_create(&labels).inc();
+            }
+            let mut q = outbox.lock();
+            for (k, sent) in &batch {
+                // Keep an update that arrived while this one was in flight.
+                if q.get(k) == Some(sent) {
+                    q.shift_remove(k);
+                }
+            }
+            debug!(receiver = %name, alerts = batch.len(), "alerts delivered");
+        } else {
+            failures += 1;
+            if let Some(m) = &outbox.metrics {
+                m.delivery_failures.get_or_create(&labels).inc();
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+    }
+}

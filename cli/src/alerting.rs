@@ -1,0 +1,253 @@
+//! Wiring of alerts and metrics: the engine between ingest and the
+//! receivers, `/metrics` from the lease metrics and ingest's counters, and
+//! the replay of imported history.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leaseline_alerts::{
+    live, Alert, AlertEngine, AlertHistory, AlertState, LeaseMetrics, Notifier, ReceiverConfig,
+};
+use leaseline_ingest::{EventTap, IngestMetrics};
+use leaseline_lake::Lake;
+use leaseline_schema::LeaseEvent;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tracing::info;
+
+use crate::config::Config;
+
+/// Alert flags shared by `serve`, `import` and `check`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AlertArgs {
+    /// Send alerts to this Alertmanager (base URL; repeatable).
+    #[arg(
+        long = "alertmanager",
+        env = "LEASELINE_ALERTMANAGER_URL",
+        value_delimiter = ','
+    )]
+    pub alertmanager: Vec<url::Url>,
+    /// Send alerts to this JSON webhook (repeatable).
+    #[arg(
+        long = "alert-webhook",
+        env = "LEASELINE_ALERT_WEBHOOK_URL",
+        value_delimiter = ','
+    )]
+    pub webhook: Vec<url::Url>,
+    /// How late an event may arrive and still count in order (e.g. `30s`).
+    #[arg(long, env = "LEASELINE_ALERT_LATENESS", value_parser = humantime::parse_duration)]
+    pub alert_lateness: Option<Duration>,
+    /// The base URL of alert links (default: the HTTP API's address).
+    #[arg(long, env = "LEASELINE_EXTERNAL_URL")]
+    pub external_url: Option<url::Url>,
+}
+
+impl AlertArgs {
+    pub fn apply(&self, cfg: &mut Config) -> anyhow::Result<()> {
+        for (i, url) in self.alertmanager.iter().enumerate() {
+            cfg.alerts.receivers.push(ReceiverConfig::Alertmanager {
+                name: format!("alertmanager-flag-{i}"),
+                url: url.clone(),
+            });
+        }
+        for (i, url) in self.webhook.iter().enumerate() {
+            cfg.alerts.receivers.push(ReceiverConfig::Webhook {
+                name: format!("webhook-flag-{i}"),
+                url: url.clone(),
+            });
+        }
+        if let Some(l) = self.alert_lateness {
+            cfg.alerts.lateness = l;
+        }
+        if let Some(u) = &self.external_url {
+            cfg.alerts.external_url = Some(u.clone());
+        }
+        cfg.alerts.validate()?;
+        Ok(())
+    }
+}
+
+/// Ingest's counters, read at each scrape.
+#[derive(Debug)]
+struct IngestCollector(Arc<IngestMetrics>);
+
+impl Collector for IngestCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let m = &self.0;
+        let counters = [
+            (
+                "leaseline_ingest_events",
+                "Valid events consumed (not duplicates)",
+                &m.events,
+            ),
+            (
+                "leaseline_ingest_duplicates",
+                "Events dropped as duplicates of an event_id",
+                &m.duplicates,
+            ),
+            (
+                "leaseline_ingest_rejects",
+                "Malformed messages kept in lease_rejects",
+                &m.rejects,
+            ),
+            (
+                "leaseline_ingest_files_written",
+                "Parquet files written by flushes",
+                &m.files_written,
+            ),
+            (
+                "leaseline_ingest_flushes",
+                "Flushes that committed files",
+                &m.flushes,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let c = ConstCounter::new(IngestMetrics::get(v));
+            c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        let sum = ConstCounter::new(IngestMetrics::get(&m.flush_micros) as f64 / 1e6);
+        sum.encode(enc.encode_descriptor(
+            "leaseline_ingest_flush_seconds",
+            "Time spent flushing (sum over flushes; divide by leaseline_ingest_flushes_total)",
+            None,
+            MetricType::Counter,
+        )?)?;
+        let last = ConstGauge::new(IngestMetrics::get(&m.last_flush_micros) as f64 / 1e6);
+        last.encode(enc.encode_descriptor(
+            "leaseline_ingest_last_flush_seconds",
+            "How long the last flush took",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        let mut fam = enc.encode_descriptor(
+            "leaseline_ingest_partition_lag",
+            "Messages between the consumer's position and the partition's high watermark",
+            None,
+            MetricType::Gauge,
+        )?;
+        for ((topic, partition), lag) in m.lags() {
+            let labels = vec![("topic", topic), ("partition", partition.to_string())];
+            ConstGauge::new(lag).encode(fam.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything `/metrics` shows.
+pub fn registry(lease: &LeaseMetrics, ingest: Option<Arc<IngestMetrics>>) -> Registry {
+    let mut r = Registry::default();
+    lease.register(&mut r);
+    if let Some(m) = ingest {
+        r.register_collector(Box::new(IngestCollector(m)));
+    }
+    r
+}
+
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        out = format!("# encoding failed: {e}\n");
+    }
+    out
+}
+
+/// The live engine of `serve --ingest`: returns the tap for ingest and the
+/// task that runs until ingest drops the tap.
+pub fn start_live(
+    cfg: &Config,
+    lake: Lake,
+    metrics: LeaseMetrics,
+) -> (EventTap, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<LeaseEvent<'static>>();
+    let engine = AlertEngine::new(cfg.alerts.clone(), cfg.audit, Some(metrics.clone()));
+    let notifier = Notifier::start(
+        &cfg.alerts.receivers,
+        cfg.alerts.queue_capacity,
+        cfg.alerts.resend_interval,
+        Some(metrics),
+    );
+    info!(
+        receivers = cfg.alerts.receivers.len(),
+        lateness = %humantime::format_duration(cfg.alerts.lateness),
+        "alert engine running"
+    );
+    let task = tokio::spawn(live::run(engine, rx, notifier, lake));
+    let tap: EventTap = Box::new(move |ev: &LeaseEvent<'_>| {
+        // The receiver only goes away when the engine has stopped, which
+        // happens after ingest.
+        let _ = tx.send(ev.clone().into_owned());
+    });
+    (tap, task)
+}
+
+/// A replay engine fed through ingest's tap, for `import`.
+pub fn replay_tap(cfg: &Config) -> (EventTap, Arc<Mutex<AlertEngine>>) {
+    let engine = Arc::new(Mutex::new(AlertEngine::new(
+        cfg.alerts.clone(),
+        cfg.audit,
+        None,
+    )));
+    let e = engine.clone();
+    let tap: EventTap = Box::new(move |ev: &LeaseEvent<'_>| {
+        e.lock().unwrap_or_else(|p| p.into_inner()).push(ev);
+    });
+    (tap, engine)
+}
+
+/// Finishes a replay: the alerts that would have fired are recorded in
+/// `lease_alerts` (when a lake is given) and sent to the receivers only
+/// with `notify`. Returns them.
+pub async fn finish_replay(
+    engine: &mut AlertEngine,
+    lake: Option<&Lake>,
+    cfg: &Config,
+    notify: bool,
+) -> anyhow::Result<Vec<Alert>> {
+    engine.finish_replay();
+    let changes = engine.take_changes();
+    let now = chrono::Utc::now().timestamp_micros();
+    let notified = notify && !cfg.alerts.receivers.is_empty();
+    if notified {
+        let notifier = Notifier::start(
+            &cfg.alerts.receivers,
+            cfg.alerts.queue_capacity,
+            cfg.alerts.resend_interval,
+            None,
+        );
+        notifier.send(&changes, now);
+        let left = notifier.shutdown(Duration::from_secs(30)).await;
+        if left > 0 {
+            anyhow::bail!("{left} alert updates could not be delivered within 30 s");
+        }
+    }
+    if let Some(lake) = lake {
+        let mut history = AlertHistory::new();
+        history.record(&changes, now, notified);
+        history.flush(lake).await?;
+    }
+    Ok(changes)
+}
+
+/// One line per alert that fired, for a command's output.
+pub fn summarize(changes: &[Alert]) -> String {
+    let fired: Vec<&Alert> = changes
+        .iter()
+        .filter(|a| a.state == AlertState::Firing)
+        .collect();
+    let mut s = String::new();
+    for a in &fired {
+        let labels: Vec<String> = a.labels().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        s.push_str(&format!(
+            "  {} {{{}}}: {}\n",
+            a.key.name,
+            labels.join(","),
+            a.summary
+        ));
+    }
+    s
+}

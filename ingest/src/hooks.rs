@@ -1,0 +1,64 @@
+//! What other parts of a process may attach to ingest without ingest
+//! knowing them: a tap that sees every accepted event (the alert engine),
+//! counters for `/metrics`, and the buffer that queries read before a flush.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use leaseline_lake::PendingRows;
+use leaseline_schema::LeaseEvent;
+
+/// Called with every valid, not duplicate event as it is consumed, before
+/// it is flushed. It runs on the consumer's thread, so it must be quick
+/// (hand the event to a channel).
+pub type EventTap = Box<dyn FnMut(&LeaseEvent<'_>) + Send>;
+
+/// Optional attachments of one ingest run.
+#[derive(Default)]
+pub struct IngestHooks {
+    pub pending: Option<PendingRows>,
+    pub tap: Option<EventTap>,
+    pub metrics: Option<Arc<IngestMetrics>>,
+}
+
+/// Ingest's own health, read by the binary's `/metrics`.
+#[derive(Debug, Default)]
+pub struct IngestMetrics {
+    pub events: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub rejects: AtomicU64,
+    pub files_written: AtomicU64,
+    pub commits: AtomicU64,
+    pub flushes: AtomicU64,
+    /// Sum of flush durations, microseconds.
+    pub flush_micros: AtomicU64,
+    /// The last flush's duration, microseconds.
+    pub last_flush_micros: AtomicU64,
+    /// Messages behind the partition's high watermark, from librdkafka's
+    /// statistics: (topic, partition) to lag.
+    pub lag: Mutex<BTreeMap<(String, i32), i64>>,
+}
+
+impl IngestMetrics {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+
+    pub fn lags(&self) -> Vec<((String, i32), i64)> {
+        self.lag
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+}
