@@ -10,6 +10,7 @@ mod alerting;
 mod check;
 mod config;
 mod serve;
+mod simulate;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -265,6 +266,11 @@ enum Command {
         )]
         format: check::CheckFormat,
     },
+    /// Generate lease traffic (with faults on switches) to NDJSON or Kafka.
+    Simulate {
+        #[command(flatten)]
+        sim: simulate::SimArgs,
+    },
     /// Merge small files now and delete files replaced long enough ago.
     Compact {
         #[command(flatten)]
@@ -429,6 +435,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 ExitCode::SUCCESS
             })
         }
+        Command::Simulate { sim } => simulate::run(sim).await.map(|()| ExitCode::SUCCESS),
         Command::Compact {
             lake,
             target_file_bytes,
