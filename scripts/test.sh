@@ -6,7 +6,11 @@
 #     stops it when done), built once with cargo and kept in ~/.cargo/bin;
 #   - DuckDB for Python, to read the lake back with another engine;
 #   - curl and psql (Debian's postgresql-client), the clients of the HTTP
-#     and PostgreSQL-protocol tests of `leaseline serve`.
+#     and PostgreSQL-protocol tests of `leaseline serve`;
+#   - Prometheus, promtool and Alertmanager (Debian's prometheus and
+#     prometheus-alertmanager): the alert tests start an Alertmanager and a
+#     Prometheus of their own on free loopback ports, and run promtool on
+#     the shipped rules.
 # Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,12 +31,18 @@ fi
 missing=()
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} =="
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
+  # --no-install-recommends: the services are started by the tests, not
+  # by the package (and not as system services).
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    $(printf '%s\n' "${missing[@]}" | sort -u)
 fi
 
 echo "== cargo test =="

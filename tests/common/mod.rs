@@ -616,3 +616,123 @@ pub fn curl(args: &[&str]) -> HttpReply {
         body,
     }
 }
+
+/// Waits until `url` answers 200, or panics with the process's log.
+fn wait_ready(url: &str, proc: &Proc, what: &str) {
+    assert!(
+        wait_until(Duration::from_secs(60), || curl(&[url]).status == 200),
+        "{what} did not become ready at {url} (scripts/test.sh installs it):\n{}",
+        proc.logs()
+    );
+}
+
+/// Debian's Prometheus Alertmanager on a loopback port, killed on drop.
+pub struct Alertmanager {
+    pub url: String,
+    pub port: u16,
+    pub proc: Option<Proc>,
+    dir: PathBuf,
+}
+
+impl Alertmanager {
+    /// A free port for an Alertmanager started later with [`Alertmanager::start_on`].
+    pub fn start(dir: &Path) -> Alertmanager {
+        let mut am = Alertmanager::stopped(dir, free_port());
+        am.run();
+        am
+    }
+
+    /// An Alertmanager that is not running yet: its URL is known.
+    pub fn stopped(dir: &Path, port: u16) -> Alertmanager {
+        Alertmanager {
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+            proc: None,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    pub fn run(&mut self) {
+        let config = self.dir.join("alertmanager.yml");
+        std::fs::write(
+            &config,
+            "route:\n  receiver: devnull\n  group_wait: 1s\nreceivers:\n  - name: devnull\n",
+        )
+        .unwrap();
+        let bin =
+            std::env::var("ALERTMANAGER").unwrap_or_else(|_| "prometheus-alertmanager".into());
+        let mut cmd = Command::new(bin);
+        cmd.arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.path={}",
+                self.dir.join("am-data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{}", self.port))
+            .arg("--cluster.listen-address=");
+        let proc = Proc::spawn("alertmanager", cmd, &self.dir);
+        wait_ready(&format!("{}/-/ready", self.url), &proc, "Alertmanager");
+        self.proc = Some(proc);
+    }
+
+    /// The alerts Alertmanager lists as active (resolved ones drop out).
+    pub fn alerts(&self) -> Vec<serde_json::Value> {
+        let reply = curl(&[&format!("{}/api/v2/alerts", self.url)]);
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        reply.json().as_array().cloned().unwrap_or_default()
+    }
+
+    /// The active alerts named `name`.
+    pub fn named(&self, name: &str) -> Vec<serde_json::Value> {
+        self.alerts()
+            .into_iter()
+            .filter(|a| a["labels"]["alertname"] == name)
+            .collect()
+    }
+}
+
+/// Debian's Prometheus scraping one target every second, killed on drop.
+pub struct Prometheus {
+    pub url: String,
+    pub proc: Proc,
+}
+
+impl Prometheus {
+    pub fn start(dir: &Path, target: &str) -> Prometheus {
+        let port = free_port();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: leaseline\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let bin = std::env::var("PROMETHEUS").unwrap_or_else(|_| "prometheus".into());
+        let mut cmd = Command::new(bin);
+        cmd.arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("prom-data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+        let proc = Proc::spawn("prometheus", cmd, dir);
+        let url = format!("http://127.0.0.1:{port}");
+        wait_ready(&format!("{url}/-/ready"), &proc, "Prometheus");
+        Prometheus { url, proc }
+    }
+
+    /// An instant query's result vector.
+    pub fn query(&self, q: &str) -> Vec<serde_json::Value> {
+        let reply = curl(&[
+            "-G",
+            "--data-urlencode",
+            &format!("query={q}"),
+            &format!("{}/api/v1/query", self.url),
+        ]);
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        reply.json()["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}

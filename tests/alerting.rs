@@ -1,0 +1,391 @@
+//! Alerts end to end: events produced to a real broker, `leaseline serve
+//! --ingest` evaluating them as they are consumed, a real Alertmanager
+//! receiving them, and a real Prometheus scraping `/metrics`.
+#![allow(clippy::await_holding_lock)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+// Each test runs a broker, Alertmanager and the server: one at a time on
+// two cores. The guard is held across awaits on purpose (see
+// kafka_ingest.rs).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Rule windows short enough for a test; the rest are the defaults.
+fn config(dir: &Path, receivers: &[&str]) -> std::path::PathBuf {
+    let mut text = String::from(
+        r#"
+[alerts]
+lateness = "1s"
+evaluation_interval = "1s"
+resend_interval = "2s"
+[alerts.rules.forced_expiry]
+window = "4s"
+[alerts.rules.stale_write_rejected]
+window = "4s"
+[alerts.rules.safety_violation]
+resolve_after = "6s"
+[alerts.rules.token_churn]
+window = "3s"
+baseline_window = "30s"
+"#,
+    );
+    for (i, url) in receivers.iter().enumerate() {
+        text.push_str(&format!(
+            "[[alerts.receivers]]\ntype = \"alertmanager\"\nname = \"am-{i}\"\nurl = \"{url}\"\n"
+        ));
+    }
+    let path = dir.join("leaseline.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn event(v: Value) -> (String, Vec<u8>) {
+    (
+        v["lease_id"].as_str().unwrap().to_string(),
+        v.to_string().into_bytes(),
+    )
+}
+
+fn acquired(ts: i64, lease: &str, holder: &str, token: u64) -> (String, Vec<u8>) {
+    event(
+        json!({"ts": ts, "kind": "acquired", "source": "coordinator", "lease_id": lease,
+        "holder_id": holder, "fencing_token": token, "ttl_ms": 10_000, "backend": "etcd"}),
+    )
+}
+
+fn released(ts: i64, lease: &str, holder: &str, token: u64) -> (String, Vec<u8>) {
+    event(
+        json!({"ts": ts, "kind": "released", "source": "coordinator", "lease_id": lease,
+        "holder_id": holder, "fencing_token": token, "backend": "etcd"}),
+    )
+}
+
+fn serve_with_ingest(dir: &Path, broker: &Broker, config: &Path) -> Server {
+    let lake = dir.join("lake");
+    let config = config.to_str().unwrap();
+    Server::start(
+        &lake,
+        &[
+            "--ingest",
+            "--brokers",
+            &broker.addr,
+            "--topic",
+            "leases",
+            "--config",
+            config,
+            "--no-pg",
+        ],
+        dir,
+    )
+}
+
+fn label<'a>(a: &'a Value, name: &str) -> &'a str {
+    a["labels"][name].as_str().unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_alert_reaches_alertmanager_with_its_labels_and_resolves() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 1).await;
+    let am = Alertmanager::start(dir.path());
+    let server = serve_with_ingest(dir.path(), &broker, &config(dir.path(), &[&am.url]));
+    let producer = broker.producer();
+
+    // Some history first: token churn needs one window of baseline.
+    let t = now_ms();
+    produce(&producer, "leases", &[acquired(t, "calm/1", "c-1", 1)]).await;
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+
+    let t = now_ms();
+    let mut msgs = vec![
+        // A forced expiry.
+        acquired(t - 2_000, "orders/expiry", "w-1", 10),
+        event(json!({"ts": t, "kind": "expired", "source": "coordinator",
+            "lease_id": "orders/expiry", "holder_id": "w-1", "fencing_token": 10, "backend": "etcd"})),
+        // A stale write the resource refused.
+        acquired(t - 1_000, "orders/stale", "w-2", 34),
+        event(
+            json!({"ts": t, "kind": "stale_write_rejected", "source": "resource",
+            "lease_id": "orders/stale", "holder_id": "w-1", "fencing_token": 33, "max_token": 34}),
+        ),
+        // Two grants at once: overlapping ownership.
+        acquired(t - 1_000, "orders/split", "w-a", 7),
+        acquired(t, "orders/split", "w-b", 8),
+    ];
+    // A burst of handoffs on one lease.
+    for i in 0..30u64 {
+        msgs.push(acquired(
+            t + i as i64 * 20,
+            "jobs/hot",
+            &format!("h-{i}"),
+            100 + i,
+        ));
+        msgs.push(released(
+            t + i as i64 * 20 + 10,
+            "jobs/hot",
+            &format!("h-{i}"),
+            100 + i,
+        ));
+    }
+    produce(&producer, "leases", &msgs).await;
+
+    let wanted = [
+        ("LeaseForcedExpiry", "orders/expiry", "w-1", "warning"),
+        ("LeaseStaleWriteRejected", "orders/stale", "w-1", "warning"),
+        ("LeaseSafetyViolation", "orders/split", "w-b", "critical"),
+        ("LeaseTokenChurn", "jobs/hot", "", "warning"),
+    ];
+    let mut seen = Vec::new();
+    let arrived = wait_until(Duration::from_secs(30), || {
+        seen = am.alerts();
+        wanted.iter().all(|(name, lease, _, _)| {
+            seen.iter()
+                .any(|a| label(a, "alertname") == *name && label(a, "lease_id") == *lease)
+        })
+    });
+    assert!(
+        arrived,
+        "alerts in Alertmanager: {seen:#?}\n{}",
+        server.proc.logs()
+    );
+    for (name, lease, holder, severity) in wanted {
+        let a = seen
+            .iter()
+            .find(|a| label(a, "alertname") == name && label(a, "lease_id") == lease)
+            .unwrap();
+        assert_eq!(label(a, "holder_id"), holder, "{a:#}");
+        assert_eq!(label(a, "severity"), severity, "{a:#}");
+        if name != "LeaseStaleWriteRejected" {
+            assert_eq!(label(a, "backend"), "etcd", "{a:#}");
+        }
+        let description = a["annotations"]["description"].as_str().unwrap();
+        assert!(!description.is_empty());
+        let link = a["annotations"]["timeline"].as_str().unwrap();
+        assert!(link.contains("/api/v1/leases/"), "{link}");
+    }
+    let violation = seen
+        .iter()
+        .find(|a| label(a, "alertname") == "LeaseSafetyViolation")
+        .unwrap();
+    assert_eq!(label(violation, "kind"), "overlapping_ownership");
+    assert!(
+        violation["annotations"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("grant 8"),
+        "{violation:#}"
+    );
+
+    // Nothing more happens: every alert resolves and leaves the list.
+    let cleared = wait_until(Duration::from_secs(40), || {
+        seen = am.alerts();
+        seen.iter().all(|a| {
+            label(a, "alertname") != "LeaseForcedExpiry"
+                && label(a, "alertname") != "LeaseStaleWriteRejected"
+                && label(a, "alertname") != "LeaseSafetyViolation"
+                && label(a, "alertname") != "LeaseTokenChurn"
+        })
+    });
+    assert!(cleared, "still active: {seen:#?}\n{}", server.proc.logs());
+
+    // The history table holds each one's firing and resolved rows.
+    let rows = wait_until(Duration::from_secs(20), || {
+        let r = server.sql(
+            "SELECT alertname, state FROM lease_alerts WHERE state = 'resolved'",
+            &["-H", "Accept: application/json"],
+        );
+        let text = r.text();
+        wanted.iter().all(|(name, ..)| text.contains(name))
+    });
+    let all = server.sql(
+        "SELECT alertname, lease_id, state, starts_at, ends_at FROM lease_alerts ORDER BY recorded_at",
+        &["-H", "Accept: application/json"],
+    );
+    assert!(rows, "lease_alerts: {}", all.text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_alert_raised_while_alertmanager_is_down_arrives_when_it_is_back() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 1).await;
+    let mut am = Alertmanager::stopped(dir.path(), free_port());
+    let cfg = config(dir.path(), &[&am.url]);
+    // Long enough to still be firing when Alertmanager comes back.
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("window = \"4s\"", "window = \"10m\"");
+    std::fs::write(&cfg, text).unwrap();
+    let server = serve_with_ingest(dir.path(), &broker, &cfg);
+    let t = now_ms();
+    produce(
+        &broker.producer(),
+        "leases",
+        &[
+            acquired(t - 2_000, "orders/outage", "w-9", 3),
+            event(json!({"ts": t, "kind": "expired", "source": "coordinator",
+                "lease_id": "orders/outage", "holder_id": "w-9", "fencing_token": 3, "backend": "etcd"})),
+        ],
+    )
+    .await;
+    assert!(
+        wait_until(Duration::from_secs(20), || server
+            .proc
+            .logs()
+            .contains("alert delivery failed")),
+        "the alert fired and its delivery failed:\n{}",
+        server.proc.logs()
+    );
+    am.run();
+    let mut seen = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            seen = am.named("LeaseForcedExpiry");
+            !seen.is_empty()
+        }),
+        "the alert never arrived:\n{}",
+        server.proc.logs()
+    );
+    assert_eq!(label(&seen[0], "lease_id"), "orders/outage");
+    assert_eq!(label(&seen[0], "holder_id"), "w-9");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn healthy_traffic_raises_no_alert_and_prometheus_scrapes_the_counters() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 1).await;
+    let am = Alertmanager::start(dir.path());
+    // The default rules and windows, delivering to Alertmanager.
+    let cfg = dir.path().join("leaseline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[alerts.receivers]]\ntype = \"alertmanager\"\nname = \"am\"\nurl = \"{}\"\n",
+            am.url
+        ),
+    )
+    .unwrap();
+    let server = serve_with_ingest(dir.path(), &broker, &cfg);
+    let target = server.http.trim_start_matches("http://").to_string();
+    let prometheus = Prometheus::start(dir.path(), &target);
+
+    // 100,000 events of normal handoffs and keepalive blips that recover.
+    let out = leaseline()
+        .args([
+            "simulate",
+            "--seed",
+            "7",
+            "--leases",
+            "100",
+            "--events",
+            "100000",
+            "--blip",
+            "0.005",
+            "--brokers",
+            &broker.addr,
+            "--topic",
+            "leases",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let produced: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("simulated "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("simulate said: {stderr}"));
+    assert!(produced >= 100_000, "{stderr}");
+
+    let counted = wait_until(Duration::from_secs(240), || {
+        let r = server.sql(
+            "SELECT count(*) AS n FROM lease_events",
+            &["-H", "Accept: application/json"],
+        );
+        r.status == 200 && r.json()[0]["n"].as_u64() == Some(produced)
+    });
+    assert!(counted, "not all events consumed:\n{}", server.proc.logs());
+    // Give the engine and the delivery a moment past the last event.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        am.alerts().is_empty(),
+        "healthy traffic raised alerts: {:#?}",
+        am.alerts()
+    );
+    assert!(
+        !server.proc.logs().contains("ALERT FIRING"),
+        "{}",
+        server.proc.logs()
+    );
+
+    // /metrics has every series the shipped Prometheus rules use, and a
+    // real Prometheus has scraped the counters.
+    let metrics = server.get("/metrics").text();
+    for name in [
+        "lease_acquisition_latency_ms_bucket",
+        "lease_acquisition_latency_p99_ms",
+        "lease_renewals_total",
+        "lease_renewal_failures_total",
+        "lease_renewal_failure_rate",
+        "fencing_token_increments_total",
+        "fencing_token_increment_rate",
+        "leaseline_ingest_events_total",
+        "leaseline_ingest_rejects_total",
+        "leaseline_ingest_flush_seconds_total",
+        "leaseline_ingest_files_written_total",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}:\n{metrics}");
+    }
+    let rules = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../alerts/prometheus/leaseline-rules.yml"),
+    )
+    .unwrap();
+    for name in [
+        "lease_expiry_forced_total",
+        "stale_write_rejected_total",
+        "lease_violations_total",
+    ] {
+        assert!(rules.contains(name), "the rules use {name}");
+    }
+    let mut result = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            result = prometheus.query("sum(leaseline_ingest_events_total)");
+            result.first().and_then(|r| r["value"][1].as_str()) == Some(&produced.to_string())
+        }),
+        "Prometheus query: {result:?}\n{}",
+        prometheus.proc.logs()
+    );
+    let renewals = prometheus.query("sum(lease_renewals_total)");
+    let n: f64 = renewals[0]["value"][1].as_str().unwrap().parse().unwrap();
+    assert!(n > 10_000.0, "{renewals:?}");
+    let by_backend = prometheus.query("lease_renewals_total");
+    assert_eq!(
+        by_backend.len(),
+        6,
+        "one series per backend: {by_backend:?}"
+    );
+}

@@ -1,0 +1,199 @@
+//! The simulator's ground truth against the audit, alerts recorded from
+//! imported history, and the shipped Prometheus rules under promtool.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+fn simulate(dir: &Path, name: &str, args: &[&str]) -> (std::path::PathBuf, BTreeSet<String>) {
+    let events = dir.join(format!("{name}.ndjson"));
+    let truth = dir.join(format!("{name}.truth.ndjson"));
+    let out = leaseline()
+        .args(["simulate", "--start", "2026-09-14T10:00:00Z", "--output"])
+        .arg(&events)
+        .arg("--truth")
+        .arg(&truth)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let truth = std::fs::read_to_string(&truth)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            format!(
+                "{} {} {}",
+                v["kind"].as_str().unwrap(),
+                v["lease_id"].as_str().unwrap(),
+                v["fencing_token"]
+            )
+        })
+        .collect();
+    (events, truth)
+}
+
+fn check(events: &Path) -> (i32, BTreeSet<String>) {
+    let out = leaseline()
+        .args(["check", "--format", "ndjson"])
+        .arg(events)
+        .output()
+        .unwrap();
+    let found = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            Some(format!(
+                "{} {} {}",
+                v["kind"].as_str()?,
+                v["lease_id"].as_str()?,
+                v["fencing_token"]
+            ))
+        })
+        .collect();
+    (out.status.code().unwrap(), found)
+}
+
+#[test]
+fn the_audit_finds_exactly_the_violations_each_fault_injects() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, args) in [
+        ("crash", &["--crash", "0.05"][..]),
+        ("pause", &["--pause", "0.05"][..]),
+        ("unchecked", &["--pause", "0.05", "--unchecked-storage"][..]),
+        ("double", &["--double-grant", "0.05"][..]),
+        ("reuse", &["--token-reuse", "0.1"][..]),
+        ("late", &["--late-fence", "0.05"][..]),
+        ("blips", &["--blip", "0.05"][..]),
+    ] {
+        let mut all = vec!["--events", "20000", "--leases", "40"];
+        all.extend_from_slice(args);
+        let (events, truth) = simulate(dir.path(), name, &all);
+        let (code, found) = check(&events);
+        assert_eq!(found, truth, "{name}: the audit against the ground truth");
+        assert_eq!(code, if truth.is_empty() { 0 } else { 1 }, "{name}");
+        if ["unchecked", "double", "reuse", "late"].contains(&name) {
+            assert!(!truth.is_empty(), "{name} injected violations");
+        }
+    }
+}
+
+#[test]
+fn a_fault_free_simulation_is_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let (events, truth) = simulate(
+        dir.path(),
+        "clean",
+        &["--events", "200000", "--leases", "500"],
+    );
+    assert!(truth.is_empty());
+    let (code, found) = check(&events);
+    assert_eq!((code, found.len()), (0, 0), "{found:?}");
+}
+
+#[test]
+fn import_records_the_alerts_history_would_have_raised_without_notifying() {
+    let dir = tempfile::tempdir().unwrap();
+    let (events, _) = simulate(
+        dir.path(),
+        "paused",
+        &[
+            "--events",
+            "5000",
+            "--leases",
+            "20",
+            "--pause",
+            "0.1",
+            "--double-grant",
+            "0.05",
+        ],
+    );
+    let lake = dir.path().join("lake");
+    let out = leaseline()
+        .args(["import", "--lake"])
+        .arg(&lake)
+        .arg(&events)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("alerts would have fired"), "{stdout}");
+    assert!(stdout.contains("nobody notified"), "{stdout}");
+    let sql = |q: &str| {
+        let out = leaseline()
+            .args(["sql", "--lake"])
+            .arg(&lake)
+            .args([q, "--format", "csv"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let names = sql(
+        "SELECT DISTINCT alertname FROM lease_alerts WHERE state = 'firing' AND NOT notified ORDER BY alertname",
+    );
+    for name in [
+        "LeaseForcedExpiry",
+        "LeaseSafetyViolation",
+        "LeaseStaleWriteRejected",
+    ] {
+        assert!(names.contains(name), "{names}");
+    }
+    // Each forced expiry alert is about an expired grant in the timeline.
+    let orphans = sql(
+        "SELECT count(*) AS n FROM lease_alerts a WHERE a.alertname = 'LeaseForcedExpiry' \
+         AND NOT EXISTS (SELECT 1 FROM lease_timeline t WHERE t.lease_id = a.lease_id AND t.end_kind = 'expired')",
+    );
+    assert_eq!(orphans.lines().nth(1), Some("0"), "{orphans}");
+}
+
+#[test]
+fn shipped_prometheus_rules_pass_promtool_check_and_unit_tests() {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../alerts/prometheus");
+    let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    for args in [
+        vec!["check", "rules", "leaseline-rules.yml"],
+        vec!["test", "rules", "leaseline-rules.test.yml"],
+    ] {
+        let out = Command::new(&promtool)
+            .args(&args)
+            .current_dir(&rules)
+            .output()
+            .unwrap_or_else(|e| panic!("running {promtool} (scripts/test.sh installs it): {e}"));
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Every alert the built-in engine raises has a Prometheus rule.
+    let text = std::fs::read_to_string(rules.join("leaseline-rules.yml")).unwrap();
+    for name in [
+        "LeaseAcquisitionLatencyHigh",
+        "LeaseRenewalFailuresHigh",
+        "LeaseForcedExpiry",
+        "LeaseStaleWriteRejected",
+        "LeaseTokenChurn",
+        "LeaseSafetyViolation",
+    ] {
+        assert!(text.contains(&format!("alert: {name}")), "{name}");
+    }
+}
