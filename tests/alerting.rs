@@ -227,6 +227,14 @@ async fn an_alert_raised_while_alertmanager_is_down_arrives_when_it_is_back() {
     broker.create_topic("leases", 1).await;
     let mut am = Alertmanager::stopped(dir.path(), free_port());
     let cfg = config(dir.path(), &[&am.url]);
+    // A second receiver, a JSON webhook, that is up all along.
+    let webhook = HttpSink::start();
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(&format!(
+        "[[alerts.receivers]]\ntype = \"webhook\"\nname = \"hook\"\nurl = \"{}/hook\"\n",
+        webhook.url
+    ));
+    std::fs::write(&cfg, text).unwrap();
     // Long enough to still be firing when Alertmanager comes back.
     let text = std::fs::read_to_string(&cfg)
         .unwrap()
@@ -264,6 +272,21 @@ async fn an_alert_raised_while_alertmanager_is_down_arrives_when_it_is_back() {
     );
     assert_eq!(label(&seen[0], "lease_id"), "orders/outage");
     assert_eq!(label(&seen[0], "holder_id"), "w-9");
+
+    // The webhook got it at once, in Alertmanager's webhook format.
+    let hooks = webhook.requests();
+    let hook = hooks
+        .iter()
+        .find(|r| r.path == "/hook")
+        .unwrap_or_else(|| panic!("webhook requests: {hooks:?}"));
+    assert_eq!(hook.method, "POST");
+    let body: Value = serde_json::from_slice(&hook.body).unwrap();
+    assert_eq!(body["version"], "4");
+    assert_eq!(body["status"], "firing");
+    let alert = &body["alerts"][0];
+    assert_eq!(alert["labels"]["alertname"], "LeaseForcedExpiry");
+    assert_eq!(alert["labels"]["lease_id"], "orders/outage");
+    assert_eq!(alert["status"], "firing");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,5 +1,6 @@
 //! The simulator's ground truth against the audit, alerts recorded from
-//! imported history, and the shipped Prometheus rules under promtool.
+//! imported history, the shipped Prometheus rules under promtool, and
+//! OpenTelemetry export to an OTLP receiver.
 
 mod common;
 
@@ -196,4 +197,147 @@ fn shipped_prometheus_rules_pass_promtool_check_and_unit_tests() {
     ] {
         assert!(text.contains(&format!("alert: {name}")), "{name}");
     }
+}
+
+#[test]
+fn otlp_export_reaches_a_receiver() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = HttpSink::start();
+    let (events, _) = simulate(dir.path(), "otlp", &["--events", "2000", "--leases", "10"]);
+    let lake = dir.path().join("lake");
+
+    // Traces: the import's flush spans, sent when the command exits.
+    let out = leaseline()
+        .args(["import", "--lake"])
+        .arg(&lake)
+        .arg(&events)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let traces: Vec<Received> = receiver
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/traces")
+        .collect();
+    assert!(!traces.is_empty(), "no traces: {:?}", receiver.requests());
+    assert_eq!(traces[0].method, "POST");
+    assert_eq!(traces[0].content_type, "application/x-protobuf");
+    assert!(
+        traces.iter().any(|t| contains(&t.body, b"lake.flush")),
+        "the flush span is in the export"
+    );
+
+    // Metrics: `serve` exports its counters every `metrics_interval`.
+    let cfg = dir.path().join("otel.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[telemetry]\notlp_endpoint = \"{}\"\nmetrics_interval = \"1s\"\n",
+            receiver.url
+        ),
+    )
+    .unwrap();
+    let server = Server::start(
+        &lake,
+        &["--no-pg", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(
+        wait_until(std::time::Duration::from_secs(20), || receiver
+            .requests()
+            .iter()
+            .any(
+                |r| r.path == "/v1/metrics" && contains(&r.body, b"lease.renewals")
+            )),
+        "no metrics export: {:?}\n{}",
+        receiver
+            .requests()
+            .iter()
+            .map(|r| &r.path)
+            .collect::<Vec<_>>(),
+        server.proc.logs()
+    );
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn demo_serves_sql_within_30s_and_stops_on_sigint() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let mut cmd = leaseline();
+    cmd.args(["demo", "--lake"])
+        .arg(dir.path().join("demo-lake"))
+        .args(["--http-listen", "127.0.0.1:0", "--pg-listen", "127.0.0.1:0"])
+        .args(["--leases", "20", "--events", "20000"])
+        .env("LEASELINE_LOG", "info");
+    let mut demo = Proc::spawn("demo", cmd, dir.path());
+    let marker = "HTTP API listening on http://";
+    let mut http = String::new();
+    assert!(
+        wait_until(std::time::Duration::from_secs(30), || {
+            let logs = demo.logs();
+            match logs.find(marker) {
+                Some(i) => {
+                    http = logs[i + marker.len()..]
+                        .chars()
+                        .take_while(|c| !c.is_whitespace())
+                        .collect();
+                    true
+                }
+                None => false,
+            }
+        }),
+        "{}",
+        demo.logs()
+    );
+    let mut events = 0;
+    let served = wait_until(std::time::Duration::from_secs(30), || {
+        let r = curl(&[
+            "-X",
+            "POST",
+            "--data-binary",
+            "SELECT count(*) AS n FROM lease_events",
+            "-H",
+            "Accept: application/json",
+            &format!("http://{http}/api/v1/sql"),
+        ]);
+        events = if r.status == 200 {
+            r.json()[0]["n"].as_u64().unwrap_or(0)
+        } else {
+            0
+        };
+        events > 0
+    });
+    assert!(served, "no simulated events served:\n{}", demo.logs());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "SQL served {:?} after start",
+        started.elapsed()
+    );
+    let logs = demo.logs();
+    assert!(
+        logs.contains("psql \"host=127.0.0.1"),
+        "the banner says how to connect:\n{logs}"
+    );
+    assert!(logs.contains("lease_violations"), "{logs}");
+    demo.signal(libc::SIGINT);
+    let status = demo.wait(std::time::Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "exit after SIGINT: {status:?}\n{}",
+        demo.logs()
+    );
+    assert!(
+        demo.logs().contains("everything flushed"),
+        "{}",
+        demo.logs()
+    );
 }

@@ -30,7 +30,7 @@ use leaseline_schema::{Kind, LeaseEvent};
 
 use crate::alert::{Alert, AlertKey, AlertName, AlertState};
 use crate::config::{AlertsConfig, Severity};
-use crate::metrics::LeaseMetrics;
+use crate::metrics::{LeaseMetrics, LeaseTotals};
 use crate::text::{fmt_ms, fmt_ts};
 
 type Name = Arc<str>;
@@ -226,6 +226,7 @@ impl AlertEngine {
                     if let Some((m, l)) = labels() {
                         if self.grants.get(&(lease.clone(), token)) == Some(&ts) {
                             m.token_increments.get_or_create(&l).inc();
+                            m.totals.inc(LeaseTotals::GRANTS);
                         }
                     }
                 }
@@ -240,6 +241,7 @@ impl AlertEngine {
                     .or_default() += 1;
                 if let Some((m, l)) = labels() {
                     m.renewals.get_or_create(&l).inc();
+                    m.totals.inc(LeaseTotals::RENEWALS);
                 }
             }
             Kind::RenewFailed => {
@@ -252,11 +254,13 @@ impl AlertEngine {
                     .or_default() += 1;
                 if let Some((m, l)) = labels() {
                     m.renewal_failures.get_or_create(&l).inc();
+                    m.totals.inc(LeaseTotals::RENEWAL_FAILURES);
                 }
             }
             Kind::Expired => {
                 if let Some((m, l)) = labels() {
                     m.expiry_forced.get_or_create(&l).inc();
+                    m.totals.inc(LeaseTotals::EXPIRIES);
                 }
                 if self.cfg.rules.forced_expiry.enabled {
                     let text = format!(
@@ -279,6 +283,7 @@ impl AlertEngine {
             Kind::StaleWriteRejected => {
                 if let Some((m, l)) = labels() {
                     m.stale_writes.get_or_create(&l).inc();
+                    m.totals.inc(LeaseTotals::STALE_WRITES);
                 }
                 if self.cfg.rules.stale_write_rejected.enabled {
                     let text = format!(
@@ -447,6 +452,7 @@ impl AlertEngine {
                 m.violations
                     .get_or_create(&vec![("kind", v.kind.as_str().to_string())])
                     .inc();
+                m.totals.inc(LeaseTotals::VIOLATIONS);
             }
             let lease = v.lease_id.clone();
             let backend = self.backends.get(&lease).cloned();

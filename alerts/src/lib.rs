@@ -34,5 +34,5 @@ pub use crate::config::{
 pub use crate::engine::AlertEngine;
 pub use crate::error::{AlertError, Result};
 pub use crate::history::{AlertHistory, ALERTS_DIR};
-pub use crate::metrics::LeaseMetrics;
+pub use crate::metrics::{LeaseMetrics, LeaseTotals};
 pub use crate::notify::Notifier;

@@ -5,7 +5,8 @@
 //! own `lease_id` label only when its id starts with a prefix named in
 //! `[metrics] per_lease_prefixes`.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -24,11 +25,35 @@ fn latency_histogram() -> Histogram {
     ])
 }
 
+/// Fleet-wide totals of the lease counters, for exporters that read plain
+/// numbers (OTLP): renewals, renewal failures, forced expiries, grants,
+/// stale writes rejected, violations, in that order.
+#[derive(Debug, Default)]
+pub struct LeaseTotals([AtomicU64; 6]);
+
+impl LeaseTotals {
+    pub const RENEWALS: usize = 0;
+    pub const RENEWAL_FAILURES: usize = 1;
+    pub const EXPIRIES: usize = 2;
+    pub const GRANTS: usize = 3;
+    pub const STALE_WRITES: usize = 4;
+    pub const VIOLATIONS: usize = 5;
+
+    pub fn get(&self, i: usize) -> u64 {
+        self.0[i].load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn inc(&self, i: usize) {
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Every counter and gauge the alert engine and the delivery update. Cheap
 /// to clone: the families are shared.
 #[derive(Clone)]
 pub struct LeaseMetrics {
     prefixes: Vec<String>,
+    pub(crate) totals: Arc<LeaseTotals>,
     pub(crate) acquisition_latency: Family<Labels, Histogram, fn() -> Histogram>,
     pub(crate) acquisition_latency_p99: Family<Labels, FloatGauge>,
     pub(crate) renewals: Family<Labels, Counter>,
@@ -51,6 +76,7 @@ impl LeaseMetrics {
     pub fn new(cfg: &MetricsConfig) -> LeaseMetrics {
         LeaseMetrics {
             prefixes: cfg.per_lease_prefixes.clone(),
+            totals: Arc::default(),
             acquisition_latency: Family::new_with_constructor(latency_histogram),
             acquisition_latency_p99: Family::default(),
             renewals: Family::default(),
@@ -68,6 +94,10 @@ impl LeaseMetrics {
             delivery_failures: Family::default(),
             queue_overflow: Family::default(),
         }
+    }
+
+    pub fn totals(&self) -> Arc<LeaseTotals> {
+        self.totals.clone()
     }
 
     /// Adds every series to `registry`.

@@ -34,6 +34,8 @@ pub struct Config {
     pub alerts: AlertsConfig,
     /// What `/metrics` labels by (`per_lease_prefixes`).
     pub metrics: MetricsConfig,
+    /// OpenTelemetry export (`otlp_endpoint`, `metrics_interval`).
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 /// The `[serve]` table.
@@ -97,6 +99,7 @@ impl Default for Config {
             serve: ServeConfig::default(),
             alerts: AlertsConfig::default(),
             metrics: MetricsConfig::default(),
+            telemetry: Default::default(),
         }
     }
 }
@@ -121,6 +124,21 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_documented_configuration_parses_and_shows_the_defaults() {
+        let doc = include_str!("../../docs/configuration.md");
+        let start = doc.find("```toml").expect("a toml block") + "```toml".len();
+        let end = start + doc[start..].find("```").unwrap();
+        let c: Config = toml::from_str(&doc[start..end]).unwrap();
+        c.alerts.validate().unwrap();
+        let d = Config::default();
+        assert_eq!(c.alerts, d.alerts);
+        assert_eq!(c.metrics, d.metrics);
+        assert_eq!(c.audit, d.audit);
+        assert_eq!(c.query, d.query);
+        assert_eq!(c.serve, d.serve);
+    }
 
     #[test]
     fn parses_units_and_refuses_unknown_keys() {

@@ -9,8 +9,10 @@
 mod alerting;
 mod check;
 mod config;
+mod demo;
 mod serve;
 mod simulate;
+mod telemetry;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -44,6 +46,10 @@ struct Cli {
     /// Log filter, e.g. `info` or `leaseline_ingest=debug`.
     #[arg(long, global = true, env = "LEASELINE_LOG", default_value = "info")]
     log: String,
+    /// Export traces and metrics over OTLP/HTTP to this base URL
+    /// (`http://collector:4318`).
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -266,6 +272,27 @@ enum Command {
         )]
         format: check::CheckFormat,
     },
+    /// Run everything in one process on a simulated fleet: no Kafka, no
+    /// other service. Serves SQL over HTTP and the PostgreSQL protocol,
+    /// prints alerts, stops on Ctrl-C.
+    Demo {
+        /// The demo's lake (default `./data/demo`).
+        #[arg(long, env = "LEASELINE_DEMO_LAKE", default_value = "./data/demo")]
+        lake: String,
+        /// Address of the HTTP API.
+        #[arg(long, env = "LEASELINE_HTTP_LISTEN")]
+        http_listen: Option<std::net::SocketAddr>,
+        /// Address of the PostgreSQL protocol.
+        #[arg(long, env = "LEASELINE_PG_LISTEN")]
+        pg_listen: Option<std::net::SocketAddr>,
+        /// Do not serve the PostgreSQL protocol.
+        #[arg(long, env = "LEASELINE_NO_PG")]
+        no_pg: bool,
+        #[command(flatten)]
+        alerts: alerting::AlertArgs,
+        #[command(flatten)]
+        sim: demo::DemoArgs,
+    },
     /// Generate lease traffic (with faults on switches) to NDJSON or Kafka.
     Simulate {
         #[command(flatten)]
@@ -307,11 +334,17 @@ impl LakeArgs {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    let cfg = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let mut tcfg = cfg.telemetry.clone();
+    if cli.otlp_endpoint.is_some() {
+        tcfg.otlp_endpoint = cli.otlp_endpoint.clone();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -328,7 +361,18 @@ fn main() -> std::process::ExitCode {
     } else {
         std::process::ExitCode::FAILURE
     };
-    match rt.block_on(run(cli)) {
+    // Outside the runtime: the OTLP exporters' blocking HTTP client runs its
+    // own, and must not be created or dropped inside an async context.
+    let telemetry = match telemetry::init(&cli.log, &tcfg) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: setting up OpenTelemetry export: {e:#}");
+            return failure;
+        }
+    };
+    let result = rt.block_on(run(cli, cfg, &telemetry));
+    telemetry.shutdown();
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -337,9 +381,12 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+async fn run(
+    cli: Cli,
+    mut cfg: Config,
+    telemetry: &telemetry::Telemetry,
+) -> anyhow::Result<std::process::ExitCode> {
     use std::process::ExitCode;
-    let mut cfg = Config::load(cli.config.as_deref())?;
     match cli.command {
         Command::Ingest { lake, ingest } => {
             ingest.apply(&mut cfg)?;
@@ -382,7 +429,14 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 cfg.serve.ingest = true;
             }
             let lake = lake.open(&cfg)?;
-            serve::run(lake, cfg).await.map(|()| ExitCode::SUCCESS)
+            let source = if cfg.serve.ingest {
+                serve::Source::Kafka
+            } else {
+                serve::Source::Lake
+            };
+            serve::run(lake, cfg, source, telemetry)
+                .await
+                .map(|()| ExitCode::SUCCESS)
         }
         Command::Import {
             lake,
@@ -436,6 +490,31 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             })
         }
         Command::Simulate { sim } => simulate::run(sim).await.map(|()| ExitCode::SUCCESS),
+        Command::Demo {
+            lake,
+            http_listen,
+            pg_listen,
+            no_pg,
+            alerts,
+            sim,
+        } => {
+            alerts.apply(&mut cfg)?;
+            if let Some(a) = http_listen {
+                cfg.serve.http_listen = a;
+            }
+            if let Some(a) = pg_listen {
+                cfg.serve.pg_listen = Some(a);
+            }
+            if no_pg {
+                cfg.serve.pg_listen = None;
+            }
+            // Small files, often: a demo wants to show data in the lake.
+            cfg.flush.flush_interval = cfg.flush.flush_interval.min(Duration::from_secs(5));
+            let lake = Lake::open(&lake).with_context(|| format!("opening lake {lake}"))?;
+            serve::run(lake, cfg, serve::Source::Simulator(sim.config()), telemetry)
+                .await
+                .map(|()| ExitCode::SUCCESS)
+        }
         Command::Compact {
             lake,
             target_file_bytes,

@@ -24,10 +24,27 @@ use crate::config::Config;
 use leaseline_alerts::LeaseMetrics;
 use leaseline_ingest::{IngestHooks, IngestMetrics};
 
-pub async fn run(lake: Lake, mut cfg: Config) -> anyhow::Result<()> {
+/// Where the served lake's new events come from, if anywhere.
+pub enum Source {
+    /// Nowhere: serve what the lake holds (another process may ingest).
+    Lake,
+    /// Kafka, with the `[kafka]` settings (`serve --ingest`).
+    Kafka,
+    /// The simulator, in real time (`demo`).
+    Simulator(leaseline_sim::SimConfig),
+}
+
+pub async fn run(
+    lake: Lake,
+    mut cfg: Config,
+    source: Source,
+    telemetry: &crate::telemetry::Telemetry,
+) -> anyhow::Result<()> {
+    let live = !matches!(source, Source::Lake);
+    let demo = matches!(source, Source::Simulator(_));
     // With ingest in this process, queries also see the rows it has
     // consumed but not yet flushed (within a fraction of a second).
-    let pending = cfg.serve.ingest.then(PendingRows::new);
+    let pending = live.then(PendingRows::new);
     let mut engine = QueryEngine::with_audit_config(lake.clone(), cfg.audit).with_limits(cfg.query);
     if let Some(p) = &pending {
         engine = engine.with_pending(p.clone());
@@ -42,9 +59,11 @@ pub async fn run(lake: Lake, mut cfg: Config) -> anyhow::Result<()> {
         cfg.alerts.external_url = url::Url::parse(&format!("http://{addr}/")).ok();
     }
     let lease_metrics = LeaseMetrics::new(&cfg.metrics);
-    let ingest_metrics = cfg.serve.ingest.then(IngestMetrics::new);
+    let ingest_metrics = live.then(IngestMetrics::new);
     let registry = Arc::new(alerting::registry(&lease_metrics, ingest_metrics.clone()));
+    telemetry.observe(Some(&lease_metrics), ingest_metrics.clone());
 
+    let mut pg_addr = None;
     let (pg_stop, pg) = match cfg.serve.pg_listen {
         Some(addr) => {
             if !addr.ip().is_loopback() && cfg.serve.pg_password.is_none() {
@@ -57,6 +76,7 @@ pub async fn run(lake: Lake, mut cfg: Config) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("binding the PostgreSQL protocol to {addr}"))?;
             let bound = listener.local_addr()?;
+            pg_addr = Some(bound);
             info!(addr = %bound, auth = cfg.serve.pg_password.is_some(), "PostgreSQL listening on {bound}");
             let ctx = Arc::new(engine.live_session()?);
             let auth = cfg
@@ -94,7 +114,7 @@ pub async fn run(lake: Lake, mut cfg: Config) -> anyhow::Result<()> {
     // The alert engine sees every event ingest accepts, as it is consumed;
     // it stops when ingest has stopped and dropped its tap.
     let mut alerts = None;
-    let mut ingest = cfg.serve.ingest.then(|| {
+    let mut ingest = live.then(|| {
         let (tap, task) = alerting::start_live(&cfg, lake.clone(), lease_metrics.clone());
         alerts = Some(task);
         let hooks = IngestHooks {
@@ -103,8 +123,19 @@ pub async fn run(lake: Lake, mut cfg: Config) -> anyhow::Result<()> {
             metrics: ingest_metrics.clone(),
         };
         let (lake, cfg, stop) = (lake.clone(), cfg.clone(), stop.clone());
-        tokio::spawn(async move { crate::ingest_until(lake, &cfg, stop, hooks).await })
+        match source {
+            Source::Simulator(sim) => tokio::spawn(async move {
+                crate::demo::feed(lake, cfg.flush.clone(), sim, stop, hooks).await
+            }),
+            _ => tokio::spawn(async move { crate::ingest_until(lake, &cfg, stop, hooks).await }),
+        }
     });
+    if demo {
+        println!(
+            "{}",
+            crate::demo::banner(&addr.to_string(), pg_addr, lake.store().url().as_str())
+        );
+    }
 
     // Run until a signal, or until ingest stops on its own (an error).
     let early = match ingest.as_mut() {

@@ -291,6 +291,7 @@ impl LakeWriter {
     /// If this returns an error nothing was committed and the buffer is
     /// gone: the caller must not commit Kafka offsets and should restart
     /// from the lake's offsets.
+    #[tracing::instrument(name = "lake.flush", skip_all, fields(rows = self.buffered_rows))]
     pub async fn flush(&mut self) -> Result<FlushReport> {
         let started = Instant::now();
         let result = self.flush_buffer().await;

@@ -354,6 +354,7 @@ impl QueryEngine {
 
     /// Like [`QueryEngine::sql`], with the result's schema (which an empty
     /// result still has).
+    #[tracing::instrument(name = "sql.query", skip_all, fields(sql = %query))]
     pub async fn query(&self, query: &str) -> Result<QueryResult> {
         self.with_timeout(async {
             let ctx = self.session().await?;

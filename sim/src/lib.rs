@@ -111,6 +111,7 @@ struct Lease<'a> {
     rng: &'a mut StdRng,
     out: Vec<(i64, Value)>,
     seq: u64,
+    run: i64,
 }
 
 impl Lease<'_> {
@@ -119,9 +120,11 @@ impl Lease<'_> {
         let o = v.as_object_mut().expect("object");
         o.insert("ts".into(), json!(ts));
         o.insert("lease_id".into(), json!(self.id));
+        // The run's start is part of the id: two runs are two histories,
+        // not duplicates of each other.
         o.insert(
             "event_id".into(),
-            json!(format!("{}#{}", self.id, self.seq)),
+            json!(format!("{}#{}@{}", self.id, self.seq, self.run)),
         );
         if o.get("source").and_then(Value::as_str) != Some("resource") {
             o.insert("backend".into(), json!(self.backend));
@@ -147,6 +150,7 @@ pub fn simulate(cfg: &SimConfig) -> Simulation {
             rng: &mut rng,
             out: Vec::new(),
             seq: 0,
+            run: cfg.start_ms,
         };
         let holders: Vec<String> = (0..cfg.holders_per_lease.max(1))
             .map(|h| format!("worker-{l}-{h}"))

@@ -736,3 +736,84 @@ impl Prometheus {
             .unwrap_or_default()
     }
 }
+
+/// One request an [`HttpSink`] received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
+/// A minimal HTTP server that answers 200 to everything and keeps what it
+/// got: the receiving end of webhooks and OTLP exports.
+pub struct HttpSink {
+    pub url: String,
+    pub received: std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+}
+
+impl HttpSink {
+    pub fn start() -> HttpSink {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = received.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let sink = sink.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut stream = stream;
+                    // Requests on one connection, until the client closes it.
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let mut parts = line.split_whitespace();
+                        let method = parts.next().unwrap_or_default().to_string();
+                        let path = parts.next().unwrap_or_default().to_string();
+                        let (mut len, mut content_type) = (0usize, String::new());
+                        loop {
+                            let mut h = String::new();
+                            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let h = h.trim_end();
+                            if h.is_empty() {
+                                break;
+                            }
+                            if let Some((k, v)) = h.split_once(':') {
+                                match k.trim().to_ascii_lowercase().as_str() {
+                                    "content-length" => len = v.trim().parse().unwrap_or(0),
+                                    "content-type" => content_type = v.trim().to_string(),
+                                    _ => {}
+                                }
+                            }
+                        }
+                        let mut body = vec![0; len];
+                        if std::io::Read::read_exact(&mut reader, &mut body).is_err() {
+                            return;
+                        }
+                        sink.lock().unwrap().push(Received {
+                            method,
+                            path,
+                            content_type,
+                            body,
+                        });
+                        let _ = stream.write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n",
+                        );
+                    }
+                });
+            }
+        });
+        HttpSink { url, received }
+    }
+
+    pub fn requests(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
