@@ -163,6 +163,53 @@ fn import_records_the_alerts_history_would_have_raised_without_notifying() {
          AND NOT EXISTS (SELECT 1 FROM lease_timeline t WHERE t.lease_id = a.lease_id AND t.end_kind = 'expired')",
     );
     assert_eq!(orphans.lines().nth(1), Some("0"), "{orphans}");
+
+    // `check` of the same file replays the rules too, and records them in
+    // the lake it is given.
+    let checked = dir.path().join("checked");
+    let out = leaseline()
+        .args(["check", "--lake"])
+        .arg(&checked)
+        .arg(&events)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "violations: {stderr}");
+    assert!(
+        stderr.contains("alerts that would have fired (recorded in lease_alerts; nobody notified)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("LeaseForcedExpiry"), "{stderr}");
+    let out = leaseline()
+        .args(["sql", "--lake"])
+        .arg(&checked)
+        .args([
+            "SELECT count(*) AS n FROM lease_alerts WHERE alertname = 'LeaseSafetyViolation'",
+            "--format",
+            "csv",
+        ])
+        .output()
+        .unwrap();
+    let n: u64 = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(n > 0);
+
+    // `check` of a lake replays its rules and lists what would fire.
+    let out = leaseline()
+        .args(["check", "--lake"])
+        .arg(&lake)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("alerts that would have fired (nobody notified"),
+        "{stderr}"
+    );
 }
 
 #[test]

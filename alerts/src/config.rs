@@ -308,7 +308,7 @@ impl AlertsConfig {
         let step = self.evaluation_interval.as_micros();
         let whole = |name: &str, d: Duration| -> Result<()> {
             positive(name, d)?;
-            if d.as_micros() % step != 0 {
+            if !d.as_micros().is_multiple_of(step) {
                 return Err(AlertError::Config(format!(
                     "{name} ({}) must be a whole number of alerts.evaluation_interval ({})",
                     humantime::format_duration(d),
@@ -346,7 +346,7 @@ impl AlertsConfig {
                 "alerts.rules.acquisition_latency.quantile must be in (0, 1], not {q}"
             )));
         }
-        if !(r.acquisition_latency.threshold_ms >= 0.0) {
+        if r.acquisition_latency.threshold_ms.is_nan() || r.acquisition_latency.threshold_ms < 0.0 {
             return Err(AlertError::Config(
                 "alerts.rules.acquisition_latency.threshold_ms must be zero or more".into(),
             ));
@@ -357,13 +357,19 @@ impl AlertsConfig {
                 "alerts.rules.renewal_failures.max_failure_ratio must be in [0, 1), not {ratio}"
             )));
         }
-        if !(r.token_churn.factor >= 1.0) {
+        if r.token_churn.factor.is_nan() || r.token_churn.factor < 1.0 {
             return Err(AlertError::Config(format!(
                 "alerts.rules.token_churn.factor must be at least 1, not {}",
                 r.token_churn.factor
             )));
         }
-        if !(r.token_churn.min_lease_grants >= 0.0 && r.token_churn.min_fleet_grants >= 0.0) {
+        if [
+            r.token_churn.min_lease_grants,
+            r.token_churn.min_fleet_grants,
+        ]
+        .iter()
+        .any(|g| g.is_nan() || *g < 0.0)
+        {
             return Err(AlertError::Config(
                 "alerts.rules.token_churn floors must be zero or more".into(),
             ));

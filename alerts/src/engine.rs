@@ -953,7 +953,7 @@ impl AlertEngine {
         }
         // Duplicates and second reports of a grant come within seconds;
         // an hour past the watermark, ids are let go in bulk.
-        if self.pushed % 65_536 == 0 || self.seen_ids.len() > 4 * 65_536 {
+        if self.pushed.is_multiple_of(65_536) || self.seen_ids.len() > 4 * 65_536 {
             let horizon = self.watermark.saturating_sub(3600 * US + self.lateness());
             if self.seen_ids.len() > 65_536 {
                 self.seen_ids.retain(|_, ts| *ts >= horizon);

@@ -35,8 +35,13 @@ pub struct Summary {
     pub violations: usize,
 }
 
-/// Audits NDJSON files (`-` is standard input).
-pub fn audit_files(files: &[String], config: AuditConfig) -> anyhow::Result<(Auditor, usize)> {
+/// Audits NDJSON files (`-` is standard input); `alerts`, when given, sees
+/// every event too (a replay of the alert rules).
+pub fn audit_files(
+    files: &[String],
+    config: AuditConfig,
+    mut alerts: Option<&mut leaseline_alerts::AlertEngine>,
+) -> anyhow::Result<(Auditor, usize)> {
     let mut auditor = Auditor::new(config);
     let mut malformed = 0;
     let stderr = std::io::stderr();
@@ -67,6 +72,9 @@ pub fn audit_files(files: &[String], config: AuditConfig) -> anyhow::Result<(Aud
             match leaseline_schema::decode(text) {
                 Ok(event) => {
                     auditor.push(&event);
+                    if let Some(a) = alerts.as_deref_mut() {
+                        a.push(&event);
+                    }
                 }
                 Err(e) => {
                     malformed += 1;
@@ -95,6 +103,23 @@ fn trim_line(line: &[u8]) -> &[u8] {
 pub async fn audit_lake(lake: &Lake, config: AuditConfig) -> anyhow::Result<Auditor> {
     let m = lake.latest().await.context("reading the lake's manifest")?;
     Ok(leaseline_query::audit::audit_snapshot(lake, &m, config).await?)
+}
+
+/// Replays the alert rules over the lake's newest snapshot.
+pub async fn replay_lake(
+    lake: &Lake,
+    engine: &mut leaseline_alerts::AlertEngine,
+) -> anyhow::Result<()> {
+    let m = lake.latest().await.context("reading the lake's manifest")?;
+    let batch = lake
+        .read_table(&m, leaseline_lake::Table::LeaseEvents)
+        .await
+        .context("reading lease_events")?;
+    let cols = leaseline_schema::EventColumns::new(&batch)?;
+    for i in 0..cols.len() {
+        engine.push(&cols.event(i)?);
+    }
+    Ok(())
 }
 
 /// Prints the verdict; returns the summary.

@@ -175,6 +175,8 @@ impl AuditArgs {
     }
 }
 
+// Parsed once per run: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Consume lease events from Kafka into the lake until SIGTERM or Ctrl-C.
@@ -262,7 +264,16 @@ enum Command {
         #[command(flatten)]
         audit: AuditArgs,
         /// NDJSON files to audit instead of the lake (`-` for standard input).
+        /// With files, the alert rules are replayed over them too: the
+        /// alerts that would have fired are listed on stderr, recorded in
+        /// `lease_alerts` of the lake when `--lake` is given, and sent to
+        /// the receivers only with `--notify`.
         files: Vec<String>,
+        #[command(flatten)]
+        alerts: alerting::AlertArgs,
+        /// Send the replayed alerts to the configured receivers.
+        #[arg(long, env = "LEASELINE_CHECK_NOTIFY")]
+        notify: bool,
         /// Output format.
         #[arg(
             long,
@@ -473,16 +484,48 @@ async fn run(
             lake,
             audit,
             files,
+            alerts,
+            notify,
             format,
         } => {
             audit.apply(&mut cfg);
+            alerts.apply(&mut cfg)?;
+            let mut engine =
+                leaseline_alerts::AlertEngine::new(cfg.alerts.clone(), cfg.audit, None);
             let (mut auditor, malformed) = if files.is_empty() {
                 (check::audit_lake(&lake.open(&cfg)?, cfg.audit).await?, 0)
             } else {
-                check::audit_files(&files, cfg.audit)?
+                check::audit_files(&files, cfg.audit, Some(&mut engine))?
             };
             let stdout = std::io::stdout();
             let summary = check::report(&mut auditor, malformed, format, &mut stdout.lock())?;
+            {
+                // Files are new history: their alerts are recorded in the
+                // lake given with them. A lake's own alerts were recorded
+                // when its events came in, so a lake is only replayed.
+                let record = match (files.is_empty(), lake.lake.as_deref()) {
+                    (false, Some(_)) => Some(lake.open(&cfg)?),
+                    (true, _) => {
+                        check::replay_lake(&lake.open(&cfg)?, &mut engine).await?;
+                        None
+                    }
+                    (false, None) => None,
+                };
+                let changes =
+                    alerting::finish_replay(&mut engine, record.as_ref(), &cfg, notify).await?;
+                let fired = alerting::summarize(&changes);
+                if !fired.is_empty() {
+                    eprintln!(
+                        "alerts that would have fired{}:\n{}",
+                        match (&record, notify) {
+                            (_, true) => " (sent to the receivers)",
+                            (Some(_), false) => " (recorded in lease_alerts; nobody notified)",
+                            (None, false) => " (nobody notified; --notify sends them)",
+                        },
+                        fired.trim_end()
+                    );
+                }
+            }
             Ok(if summary.violations > 0 {
                 ExitCode::from(1)
             } else {
