@@ -13,7 +13,7 @@ if [ "$profile" = release ]; then
   cargo build --release -p leaseline --bin leaseline --example bench_alert_latency
 else
   # The test build's profile and features: nothing to rebuild after scripts/test.sh.
-  cargo test --workspace --no-run >/dev/null
+  cargo test --workspace --no-run >/dev/null 2>&1
 fi
 dir=target/$profile
 work=$(mktemp -d)
