@@ -388,3 +388,156 @@ fn demo_serves_sql_within_30s_and_stops_on_sigint() {
         demo.logs()
     );
 }
+
+#[test]
+fn every_incident_query_in_the_docs_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    // Recent history (the queries look at the last hour) with faults.
+    let events = dir.path().join("incident.ndjson");
+    let out = leaseline()
+        .args([
+            "simulate", "--events", "8000", "--leases", "12", "--pause", "0.1",
+        ])
+        .args(["--double-grant", "0.05", "--crash", "0.05", "--output"])
+        .arg(&events)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lake = dir.path().join("lake");
+    let out = leaseline()
+        .args(["import", "--lake"])
+        .arg(&lake)
+        .arg(&events)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/incident-queries.md"),
+    )
+    .unwrap();
+    let queries: Vec<&str> = doc
+        .split("```sql")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap().trim())
+        .collect();
+    assert!(queries.len() >= 10, "{}", queries.len());
+    let mut with_rows = 0;
+    for q in &queries {
+        let out = leaseline()
+            .args(["sql", "--lake"])
+            .arg(&lake)
+            .args([*q, "--format", "csv"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "query failed:\n{q}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if String::from_utf8_lossy(&out.stdout).lines().count() > 1 {
+            with_rows += 1;
+        }
+    }
+    // All but the rejects and trace queries have something to show here.
+    assert!(
+        with_rows >= queries.len() - 2,
+        "{with_rows} of {} returned rows",
+        queries.len()
+    );
+}
+
+/// The paused holder of the contract: worker-1 stalls past its lease, it
+/// expires, worker-2 takes over with token 34 and writes, and worker-1's
+/// late write with token 33 is rejected.
+const PAUSED_HOLDER: &str = r#"{"ts":"2026-09-14T10:00:00.000Z","kind":"acquired","source":"coordinator","lease_id":"orders/order-123","holder_id":"worker-1","fencing_token":33,"ttl_ms":10000,"backend":"etcd","event_id":"c-0001"}
+{"ts":"2026-09-14T10:00:03.300Z","kind":"renewed","source":"holder","lease_id":"orders/order-123","holder_id":"worker-1","fencing_token":33,"ttl_ms":10000,"latency_ms":4.2,"mono_ms":3300.0,"keepalive_sent_mono_ms":3295.8}
+{"ts":"2026-09-14T10:00:13.300Z","kind":"expired","source":"coordinator","lease_id":"orders/order-123","holder_id":"worker-1","fencing_token":33}
+{"ts":"2026-09-14T10:00:13.500Z","kind":"acquired","source":"coordinator","lease_id":"orders/order-123","holder_id":"worker-2","fencing_token":34,"ttl_ms":10000}
+{"ts":"2026-09-14T10:00:14.000Z","kind":"write_accepted","source":"resource","lease_id":"orders/order-123","holder_id":"worker-2","fencing_token":34}
+{"ts":"2026-09-14T10:00:18.000Z","kind":"stale_write_rejected","source":"resource","lease_id":"orders/order-123","holder_id":"worker-1","fencing_token":33,"max_token":34}
+"#;
+
+#[test]
+fn the_paused_holder_timeline_picture_shows_both_grants_the_expiry_and_the_rejected_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("paused.ndjson");
+    std::fs::write(&events, PAUSED_HOLDER).unwrap();
+    let lake = dir.path().join("lake");
+    let out = leaseline()
+        .args(["import", "--lake"])
+        .arg(&lake)
+        .arg(&events)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg_path = dir.path().join("timeline.svg");
+    let out = leaseline()
+        .args(["timeline", "--lake"])
+        .arg(&lake)
+        .args(["orders/order-123", "--svg"])
+        .arg(&svg_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
+    for needle in [
+        "worker-1 · token 33",
+        "worker-2 · token 34",
+        "expired at 10:00:13.300",
+        ">expired</text>",
+        "stale_write_rejected at 10:00:18.000 by worker-1, token 33",
+        "stale write rejected</text>",
+        "write_accepted at 10:00:14.000 by worker-2, token 34",
+    ] {
+        assert!(svg.contains(needle), "the picture lacks {needle:?}:\n{svg}");
+    }
+    // The grant bars: worker-1's ended expired (red), worker-2's is open.
+    assert!(
+        svg.contains("grant 33 to worker-1: 10:00:00.000 → 10:00:13.300 (expired)"),
+        "{svg}"
+    );
+    assert!(svg.contains("fill=\"#d64541\""), "{svg}");
+    // Well-formed XML, as a browser needs it.
+    let check = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, xml.dom.minidom; xml.dom.minidom.parse(sys.argv[1])",
+        ])
+        .arg(&svg_path)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    // The HTTP API draws the same picture.
+    let server = Server::start(&lake, &["--no-pg"], dir.path());
+    let reply = server.get("/api/v1/leases/orders%2Forder-123/timeline.svg");
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(
+        reply.content_type.starts_with("image/svg+xml"),
+        "{}",
+        reply.content_type
+    );
+    assert_eq!(reply.text(), svg);
+}

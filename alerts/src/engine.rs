@@ -231,30 +231,23 @@ impl AlertEngine {
                     }
                 }
             }
-            Kind::Renewed => {
-                *self
-                    .steps
-                    .entry(at)
-                    .or_default()
-                    .renew_ok
-                    .entry(backend.clone())
-                    .or_default() += 1;
+            Kind::Renewed | Kind::RenewFailed => {
+                let ok = ev.kind == Kind::Renewed;
+                let step = self.steps.entry(at).or_default();
+                let counts = if ok {
+                    &mut step.renew_ok
+                } else {
+                    &mut step.renew_failed
+                };
+                *counts.entry(backend.clone()).or_default() += 1;
                 if let Some((m, l)) = labels() {
-                    m.renewals.get_or_create(&l).inc();
-                    m.totals.inc(LeaseTotals::RENEWALS);
-                }
-            }
-            Kind::RenewFailed => {
-                *self
-                    .steps
-                    .entry(at)
-                    .or_default()
-                    .renew_failed
-                    .entry(backend.clone())
-                    .or_default() += 1;
-                if let Some((m, l)) = labels() {
-                    m.renewal_failures.get_or_create(&l).inc();
-                    m.totals.inc(LeaseTotals::RENEWAL_FAILURES);
+                    let (family, total) = if ok {
+                        (&m.renewals, LeaseTotals::RENEWALS)
+                    } else {
+                        (&m.renewal_failures, LeaseTotals::RENEWAL_FAILURES)
+                    };
+                    family.get_or_create(&l).inc();
+                    m.totals.inc(total);
                 }
             }
             Kind::Expired => {

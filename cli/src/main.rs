@@ -304,6 +304,24 @@ enum Command {
         #[command(flatten)]
         sim: demo::DemoArgs,
     },
+    /// Draw a lease's timeline (grants, keepalives, writes, violations) as SVG.
+    Timeline {
+        #[command(flatten)]
+        lake: LakeArgs,
+        #[command(flatten)]
+        audit: AuditArgs,
+        /// The lease.
+        lease_id: String,
+        /// From this time (RFC 3339 or epoch ms); default: the data's start.
+        #[arg(long)]
+        from: Option<String>,
+        /// Until this time; default: the data's end.
+        #[arg(long)]
+        to: Option<String>,
+        /// Where to write the SVG (`-`: standard output).
+        #[arg(long)]
+        svg: String,
+    },
     /// Generate lease traffic (with faults on switches) to NDJSON or Kafka.
     Simulate {
         #[command(flatten)]
@@ -533,6 +551,27 @@ async fn run(
             })
         }
         Command::Simulate { sim } => simulate::run(sim).await.map(|()| ExitCode::SUCCESS),
+        Command::Timeline {
+            lake,
+            audit,
+            lease_id,
+            from,
+            to,
+            svg,
+        } => {
+            audit.apply(&mut cfg);
+            let engine =
+                QueryEngine::with_audit_config(lake.open(&cfg)?, cfg.audit).with_limits(cfg.query);
+            let from = leaseline_server::http::time_param("--from", &from)?;
+            let to = leaseline_server::http::time_param("--to", &to)?;
+            let picture = leaseline_server::svg::lease_svg(&engine, &lease_id, from, to).await?;
+            if svg == "-" {
+                print!("{picture}");
+            } else {
+                std::fs::write(&svg, picture).with_context(|| format!("writing {svg}"))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo {
             lake,
             http_listen,

@@ -50,6 +50,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/api/v1/sql", post(sql))
         .route("/api/v1/leases/{lease_id}/timeline", get(timeline))
+        .route("/api/v1/leases/{lease_id}/timeline.svg", get(timeline_svg))
         .route("/api/v1/violations", get(violations))
         .route("/metrics", get(metrics))
         .with_state(state)
@@ -165,6 +166,27 @@ async fn timeline(
     respond(format, &result)
 }
 
+/// The lease's timeline as a picture (see [`crate::svg`]).
+async fn timeline_svg(
+    State(s): State<AppState>,
+    Path(lease_id): Path<String>,
+    Query(range): Query<TimeRange>,
+) -> Result<Response, ServerError> {
+    let (from, to) = (
+        time_param("from", &range.from)?,
+        time_param("to", &range.to)?,
+    );
+    let svg = crate::svg::lease_svg(&s.engine, &lease_id, from, to).await?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "image/svg+xml; charset=utf-8",
+        )],
+        svg,
+    )
+        .into_response())
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ViolationFilter {
@@ -239,7 +261,8 @@ fn ts_lit(us: i64) -> Expr {
 }
 
 /// A time parameter: RFC 3339 or epoch milliseconds; microseconds out.
-fn time_param(name: &str, v: &Option<String>) -> Result<Option<i64>, ServerError> {
+/// Parses a time parameter: RFC 3339 or epoch milliseconds; microseconds.
+pub fn time_param(name: &str, v: &Option<String>) -> Result<Option<i64>, ServerError> {
     let Some(v) = v.as_deref() else {
         return Ok(None);
     };

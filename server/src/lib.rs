@@ -15,6 +15,7 @@
 
 pub mod http;
 pub mod pg;
+pub mod svg;
 
 mod error;
 
