@@ -541,3 +541,235 @@ fn the_paused_holder_timeline_picture_shows_both_grants_the_expiry_and_the_rejec
     );
     assert_eq!(reply.text(), svg);
 }
+
+/// Expands Grafana's macros and variables in a panel's SQL the way its
+/// PostgreSQL data source does for a time range and a chosen lease.
+fn expand_sql(sql: &str, from: &str, to: &str, lease: &str) -> String {
+    let mut out = String::new();
+    let mut rest = sql;
+    while let Some(i) = rest.find("$__timeFilter(") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + "$__timeFilter(".len()..];
+        let end = after.find(')').unwrap();
+        let col = &after[..end];
+        out.push_str(&format!("{col} BETWEEN '{from}' AND '{to}'"));
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out.replace("${lease}", lease).replace("$lease", lease)
+}
+
+fn psql_columns(port: u16, sql: &str) -> (Vec<String>, usize) {
+    let out = Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "leaseline",
+            "-d",
+            "leaseline",
+        ])
+        .args([
+            "-X",
+            "-A",
+            "-F",
+            "\t",
+            "-P",
+            "footer=off",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ])
+        .env("PGCONNECT_TIMEOUT", "10")
+        .output()
+        .expect("psql (scripts/test.sh installs postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql failed on\n{sql}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    let header = lines
+        .next()
+        .unwrap_or_default()
+        .split('\t')
+        .map(str::to_string)
+        .collect();
+    (header, lines.count())
+}
+
+#[test]
+fn every_dashboard_panel_query_runs_against_a_live_serve_fed_by_the_simulator() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = leaseline();
+    cmd.args(["demo", "--lake"])
+        .arg(dir.path().join("lake"))
+        .args(["--http-listen", "127.0.0.1:0", "--pg-listen", "127.0.0.1:0"])
+        .args([
+            "--leases", "60", "--events", "50000", "--pause", "0.1", "--crash", "0.05",
+        ])
+        .env("LEASELINE_LOG", "info");
+    let demo = Proc::spawn("demo", cmd, dir.path());
+    let find = |marker: &str| -> Option<String> {
+        let logs = demo.logs();
+        let i = logs.find(marker)?;
+        Some(
+            logs[i + marker.len()..]
+                .chars()
+                .take_while(|c| !c.is_whitespace())
+                .collect(),
+        )
+    };
+    assert!(
+        wait_until(std::time::Duration::from_secs(30), || find(
+            "PostgreSQL listening on "
+        )
+        .is_some()
+            && find("HTTP API listening on http://").is_some()),
+        "{}",
+        demo.logs()
+    );
+    let http = find("HTTP API listening on http://").unwrap();
+    let pg: u16 = find("PostgreSQL listening on ")
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        wait_until(std::time::Duration::from_secs(60), || {
+            let (_, rows) = psql_columns(pg, "SELECT lease_id FROM lease_events LIMIT 2000");
+            rows >= 2000
+        }),
+        "the simulator fed too little:\n{}",
+        demo.logs()
+    );
+    let prometheus = Prometheus::start(dir.path(), &http);
+    std::thread::sleep(std::time::Duration::from_secs(4));
+
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let rfc = |s: i64| {
+        let out = Command::new("date")
+            .args(["-u", "-d", &format!("@{s}"), "+%Y-%m-%dT%H:%M:%SZ"])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let (from, to) = (rfc(now - 3600), rfc(now + 3600));
+    let dashboards = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards");
+    let mut panels_checked = 0;
+    for name in [
+        "fleet-overview",
+        "lease-ownership",
+        "incident-drilldown",
+        "leaseline-health",
+    ] {
+        let text = std::fs::read_to_string(dashboards.join(format!("{name}.json"))).unwrap();
+        let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+        // What Grafana requires of a dashboard model.
+        for key in [
+            "uid",
+            "title",
+            "schemaVersion",
+            "panels",
+            "time",
+            "templating",
+        ] {
+            assert!(!d[key].is_null(), "{name} lacks {key}");
+        }
+        // The lease variable, resolved as Grafana would: its query's first value.
+        let mut lease = String::new();
+        for v in d["templating"]["list"].as_array().unwrap() {
+            let q = v["query"].as_str().unwrap();
+            let out = Command::new("psql")
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &pg.to_string(),
+                    "-U",
+                    "leaseline",
+                    "-d",
+                    "leaseline",
+                ])
+                .args(["-X", "-A", "-t", "-c", q])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{q}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            lease = String::from_utf8(out.stdout)
+                .unwrap()
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            assert!(!lease.is_empty(), "variable {} has values", v["name"]);
+        }
+        for p in d["panels"].as_array().unwrap() {
+            let title = p["title"].as_str().unwrap();
+            let ptype = p["type"].as_str().unwrap();
+            assert!(p["gridPos"]["w"].as_u64().unwrap() > 0, "{title}");
+            let ds = p["datasource"]["uid"].as_str().unwrap();
+            for t in p["targets"].as_array().unwrap() {
+                panels_checked += 1;
+                match ds {
+                    "leaseline-sql" => {
+                        let sql = expand_sql(t["rawSql"].as_str().unwrap(), &from, &to, &lease);
+                        let (cols, _rows) = psql_columns(pg, &sql);
+                        match ptype {
+                            "timeseries" | "state-timeline" => {
+                                assert_eq!(cols[0], "time", "{name}/{title}: {cols:?}");
+                                assert!(cols.len() >= 2, "{name}/{title}: {cols:?}");
+                            }
+                            "table" => assert!(!cols.is_empty(), "{name}/{title}"),
+                            other => panic!("{name}/{title}: unexpected panel type {other}"),
+                        }
+                    }
+                    "leaseline-prom" => {
+                        let expr = t["expr"]
+                            .as_str()
+                            .unwrap()
+                            .replace("$__rate_interval", "1m");
+                        let reply = curl(&[
+                            "-G",
+                            "--data-urlencode",
+                            &format!("query={expr}"),
+                            &format!("{}/api/v1/query", prometheus.url),
+                        ]);
+                        assert_eq!(reply.status, 200, "{name}/{title}: {}", reply.text());
+                        assert_eq!(reply.json()["status"], "success", "{name}/{title}");
+                        assert_eq!(
+                            reply.json()["data"]["resultType"],
+                            "vector",
+                            "{name}/{title}"
+                        );
+                    }
+                    other => panic!("{name}/{title}: unknown data source {other}"),
+                }
+            }
+        }
+    }
+    assert!(panels_checked >= 20, "{panels_checked}");
+    // The fleet dashboard's grants panel has data from the simulator.
+    let (_, rows) = psql_columns(
+        pg,
+        &expand_sql(
+            "SELECT date_bin(INTERVAL '1 minute', acquired_at) AS time, count(*) AS grants FROM lease_timeline WHERE $__timeFilter(acquired_at) GROUP BY 1",
+            &from,
+            &to,
+            "",
+        ),
+    );
+    assert!(rows >= 1);
+}
