@@ -319,32 +319,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 fn demo_serves_sql_within_30s_and_stops_on_sigint() {
     let dir = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
-    let mut cmd = leaseline();
-    cmd.args(["demo", "--lake"])
-        .arg(dir.path().join("demo-lake"))
-        .args(["--http-listen", "127.0.0.1:0", "--pg-listen", "127.0.0.1:0"])
-        .args(["--leases", "20", "--events", "20000"])
-        .env("LEASELINE_LOG", "info");
-    let mut demo = Proc::spawn("demo", cmd, dir.path());
-    let marker = "HTTP API listening on http://";
-    let mut http = String::new();
-    assert!(
-        wait_until(std::time::Duration::from_secs(30), || {
-            let logs = demo.logs();
-            match logs.find(marker) {
-                Some(i) => {
-                    http = logs[i + marker.len()..]
-                        .chars()
-                        .take_while(|c| !c.is_whitespace())
-                        .collect();
-                    true
-                }
-                None => false,
-            }
-        }),
-        "{}",
-        demo.logs()
-    );
+    let (mut demo, http, _) = start_demo(dir.path(), &["--leases", "20", "--events", "20000"]);
     let mut events = 0;
     let served = wait_until(std::time::Duration::from_secs(30), || {
         let r = curl(&[
@@ -559,8 +534,48 @@ fn expand_sql(sql: &str, from: &str, to: &str, lease: &str) -> String {
     out.replace("${lease}", lease).replace("$lease", lease)
 }
 
-fn psql_columns(port: u16, sql: &str) -> (Vec<String>, usize) {
-    let out = Command::new("psql")
+/// `leaseline demo` on free ports: the process, the HTTP address and the
+/// PostgreSQL port, once both listen.
+fn start_demo(dir: &Path, args: &[&str]) -> (Proc, String, u16) {
+    let mut cmd = leaseline();
+    cmd.args(["demo", "--lake"])
+        .arg(dir.join("demo-lake"))
+        .args(["--http-listen", "127.0.0.1:0", "--pg-listen", "127.0.0.1:0"])
+        .args(args)
+        .env("LEASELINE_LOG", "info");
+    let demo = Proc::spawn("demo", cmd, dir);
+    let find = |marker: &str| -> Option<String> {
+        let logs = demo.logs();
+        let i = logs.find(marker)?;
+        Some(
+            logs[i + marker.len()..]
+                .chars()
+                .take_while(|c| !c.is_whitespace())
+                .collect(),
+        )
+    };
+    let (http_marker, pg_marker) = ("HTTP API listening on http://", "PostgreSQL listening on ");
+    assert!(
+        wait_until(std::time::Duration::from_secs(30), || find(pg_marker)
+            .is_some()
+            && find(http_marker).is_some()),
+        "{}",
+        demo.logs()
+    );
+    let http = find(http_marker).unwrap();
+    let pg = find(pg_marker)
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    (demo, http, pg)
+}
+
+/// psql to the demo's PostgreSQL port, with `args` and one command.
+fn psql(port: u16, args: &[&str], sql: &str) -> std::process::Output {
+    Command::new("psql")
         .args([
             "-h",
             "127.0.0.1",
@@ -571,21 +586,16 @@ fn psql_columns(port: u16, sql: &str) -> (Vec<String>, usize) {
             "-d",
             "leaseline",
         ])
-        .args([
-            "-X",
-            "-A",
-            "-F",
-            "\t",
-            "-P",
-            "footer=off",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-c",
-            sql,
-        ])
+        .args(["-X", "-v", "ON_ERROR_STOP=1"])
+        .args(args)
+        .args(["-c", sql])
         .env("PGCONNECT_TIMEOUT", "10")
         .output()
-        .expect("psql (scripts/test.sh installs postgresql-client)");
+        .expect("psql (scripts/test.sh installs postgresql-client)")
+}
+
+fn psql_columns(port: u16, sql: &str) -> (Vec<String>, usize) {
+    let out = psql(port, &["-A", "-F", "\t", "-P", "footer=off"], sql);
     assert!(
         out.status.success(),
         "psql failed on\n{sql}\n{}",
@@ -605,42 +615,12 @@ fn psql_columns(port: u16, sql: &str) -> (Vec<String>, usize) {
 #[test]
 fn every_dashboard_panel_query_runs_against_a_live_serve_fed_by_the_simulator() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = leaseline();
-    cmd.args(["demo", "--lake"])
-        .arg(dir.path().join("lake"))
-        .args(["--http-listen", "127.0.0.1:0", "--pg-listen", "127.0.0.1:0"])
-        .args([
+    let (demo, http, pg) = start_demo(
+        dir.path(),
+        &[
             "--leases", "60", "--events", "50000", "--pause", "0.1", "--crash", "0.05",
-        ])
-        .env("LEASELINE_LOG", "info");
-    let demo = Proc::spawn("demo", cmd, dir.path());
-    let find = |marker: &str| -> Option<String> {
-        let logs = demo.logs();
-        let i = logs.find(marker)?;
-        Some(
-            logs[i + marker.len()..]
-                .chars()
-                .take_while(|c| !c.is_whitespace())
-                .collect(),
-        )
-    };
-    assert!(
-        wait_until(std::time::Duration::from_secs(30), || find(
-            "PostgreSQL listening on "
-        )
-        .is_some()
-            && find("HTTP API listening on http://").is_some()),
-        "{}",
-        demo.logs()
+        ],
     );
-    let http = find("HTTP API listening on http://").unwrap();
-    let pg: u16 = find("PostgreSQL listening on ")
-        .unwrap()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
     assert!(
         wait_until(std::time::Duration::from_secs(60), || {
             let (_, rows) = psql_columns(pg, "SELECT lease_id FROM lease_events LIMIT 2000");
