@@ -412,3 +412,120 @@ async fn healthy_traffic_raises_no_alert_and_prometheus_scrapes_the_counters() {
         "one series per backend: {by_backend:?}"
     );
 }
+
+/// The violations `serve` reports, as `kind lease token` lines.
+fn served_violations(server: &Server) -> std::collections::BTreeSet<String> {
+    let r = server.sql(
+        "SELECT kind, lease_id, fencing_token FROM lease_violations",
+        &["-H", "Accept: application/json"],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            format!(
+                "{} {} {}",
+                v["kind"].as_str().unwrap(),
+                v["lease_id"].as_str().unwrap(),
+                v["fencing_token"]
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let faults: [(&str, &[&str]); 8] = [
+        ("clean", &["--events", "1000000", "--leases", "1000"]),
+        ("crash", &["--crash", "0.05"]),
+        ("pause", &["--pause", "0.05"]),
+        ("unchecked", &["--pause", "0.05", "--unchecked-storage"]),
+        ("double", &["--double-grant", "0.05"]),
+        ("reuse", &["--token-reuse", "0.1"]),
+        ("late", &["--late-fence", "0.05"]),
+        ("blips", &["--blip", "0.05"]),
+    ];
+    for (name, args) in faults {
+        let topic = format!("sim-{name}");
+        broker.create_topic(&topic, 3).await;
+        let truth_file = dir.path().join(format!("{name}.truth"));
+        let mut sim = leaseline();
+        sim.args([
+            "simulate",
+            "--start",
+            "2026-09-14T10:00:00Z",
+            "--brokers",
+            &broker.addr,
+        ])
+        .args(["--topic", &topic, "--truth"])
+        .arg(&truth_file);
+        if name != "clean" {
+            sim.args(["--events", "20000", "--leases", "40"]);
+        }
+        let out = sim.args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{name}: {stderr}");
+        let produced: u64 = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("simulated "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("simulate said: {stderr}"));
+        let truth: std::collections::BTreeSet<String> = std::fs::read_to_string(&truth_file)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                format!(
+                    "{} {} {}",
+                    v["kind"].as_str().unwrap(),
+                    v["lease_id"].as_str().unwrap(),
+                    v["fencing_token"]
+                )
+            })
+            .collect();
+
+        let lake = dir.path().join(format!("lake-{name}"));
+        let server = Server::start(
+            &lake,
+            &[
+                "--ingest",
+                "--brokers",
+                &broker.addr,
+                "--topic",
+                &topic,
+                "--group-id",
+                &topic,
+                "--no-pg",
+            ],
+            dir.path(),
+        );
+        let consumed = wait_until(Duration::from_secs(600), || {
+            let r = server.sql(
+                "SELECT count(*) AS n FROM lease_events",
+                &["-H", "Accept: application/json"],
+            );
+            r.status == 200 && r.json()[0]["n"].as_u64() == Some(produced)
+        });
+        assert!(
+            consumed,
+            "{name}: not all {produced} events consumed:\n{}",
+            server.proc.logs()
+        );
+        let found = served_violations(&server);
+        assert_eq!(
+            found, truth,
+            "{name}: lease_violations against the ground truth"
+        );
+        if name == "clean" {
+            assert!(produced >= 1_000_000 && found.is_empty());
+        } else if ["unchecked", "double", "reuse", "late"].contains(&name) {
+            assert!(!truth.is_empty(), "{name} injected violations");
+        }
+    }
+}

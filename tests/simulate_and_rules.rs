@@ -669,20 +669,7 @@ fn every_dashboard_panel_query_runs_against_a_live_serve_fed_by_the_simulator() 
         let mut lease = String::new();
         for v in d["templating"]["list"].as_array().unwrap() {
             let q = v["query"].as_str().unwrap();
-            let out = Command::new("psql")
-                .args([
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    &pg.to_string(),
-                    "-U",
-                    "leaseline",
-                    "-d",
-                    "leaseline",
-                ])
-                .args(["-X", "-A", "-t", "-c", q])
-                .output()
-                .unwrap();
+            let out = psql(pg, &["-A", "-t"], q);
             assert!(
                 out.status.success(),
                 "{q}: {}",
