@@ -440,7 +440,7 @@ async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
-    let faults: [(&str, &[&str]); 8] = [
+    let faults: [(&str, &[&str]); 10] = [
         ("clean", &["--events", "1000000", "--leases", "1000"]),
         ("crash", &["--crash", "0.05"]),
         ("pause", &["--pause", "0.05"]),
@@ -449,6 +449,8 @@ async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka
         ("reuse", &["--token-reuse", "0.1"]),
         ("late", &["--late-fence", "0.05"]),
         ("blips", &["--blip", "0.05"]),
+        ("partition", &["--partition", "0.05"]),
+        ("skew", &["--clock-skew", "200ms"]),
     ];
     for (name, args) in faults {
         let topic = format!("sim-{name}");

@@ -75,6 +75,8 @@ fn the_audit_finds_exactly_the_violations_each_fault_injects() {
         ("reuse", &["--token-reuse", "0.1"][..]),
         ("late", &["--late-fence", "0.05"][..]),
         ("blips", &["--blip", "0.05"][..]),
+        ("partition", &["--partition", "0.05"][..]),
+        ("skew", &["--clock-skew", "200ms"][..]),
     ] {
         let mut all = vec!["--events", "20000", "--leases", "40"];
         all.extend_from_slice(args);

@@ -52,6 +52,17 @@ pub struct SimArgs {
     /// Rate of clients that fence past their safe deadline.
     #[arg(long, default_value_t = 0.0)]
     pub late_fence: f64,
+    /// Rate of network partitions between a holder and the coordinator.
+    #[arg(long, default_value_t = 0.0)]
+    pub partition: f64,
+    /// Each holder's clock is off by up to this much, either way (e.g.
+    /// `200ms`; within the audit's clock-skew tolerance: no violation).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub clock_skew: Duration,
+    /// Send at most this many events per second (0: as fast as possible,
+    /// unless `--realtime`).
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
     /// Write NDJSON here (`-`: standard output) unless `--brokers` is given.
     #[arg(long, default_value = "-")]
     pub output: String,
@@ -85,6 +96,7 @@ impl SimArgs {
             ("double-grant", self.double_grant),
             ("token-reuse", self.token_reuse),
             ("late-fence", self.late_fence),
+            ("partition", self.partition),
         ] {
             anyhow::ensure!(
                 (0.0..=1.0).contains(&rate),
@@ -105,7 +117,28 @@ impl SimArgs {
             double_grant: self.double_grant,
             token_reuse: self.token_reuse,
             late_fence: self.late_fence,
+            partition: self.partition,
+            clock_skew_ms: i64::try_from(self.clock_skew.as_millis())?,
         })
+    }
+}
+
+/// Paces output to `rate` events per second (no pacing at 0).
+struct Pace {
+    rate: f64,
+    started: std::time::Instant,
+    sent: u64,
+}
+
+impl Pace {
+    async fn next(&mut self) {
+        if self.rate > 0.0 {
+            let due = Duration::from_secs_f64(self.sent as f64 / self.rate);
+            if let Some(wait) = due.checked_sub(self.started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        self.sent += 1;
     }
 }
 
@@ -138,10 +171,16 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
                 .create()
                 .context("creating the Kafka producer")?;
             let mut inflight = Vec::new();
+            let mut pace = Pace {
+                rate: args.rate,
+                started: std::time::Instant::now(),
+                sent: 0,
+            };
             for (ts, line) in &sim.events {
                 if args.realtime {
                     until(*ts).await;
                 }
+                pace.next().await;
                 let key = serde_json::from_str::<serde_json::Value>(line)?["lease_id"]
                     .as_str()
                     .unwrap_or_default()
@@ -177,11 +216,17 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
                         .with_context(|| format!("creating {}", args.output))?,
                 ))
             };
+            let mut pace = Pace {
+                rate: args.rate,
+                started: std::time::Instant::now(),
+                sent: 0,
+            };
             for (ts, line) in &sim.events {
                 if args.realtime {
                     out.flush()?;
                     until(*ts).await;
                 }
+                pace.next().await;
                 out.write_all(line.as_bytes())?;
                 out.write_all(b"\n")?;
             }

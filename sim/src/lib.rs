@@ -30,7 +30,13 @@
 //! - `late_fence`: a client that fences later than its safe deadline
 //!   (`late_fence`);
 //! - `blip`: a keepalive that fails and the next one succeeds (no
-//!   violation).
+//!   violation);
+//! - `partition`: the holder is cut off from the coordinator: its
+//!   keepalives fail, it drains and fences on time, the coordinator expires
+//!   the grant (a forced expiry, no violation);
+//! - `clock_skew_ms`: every holder's host clock is off by up to this much,
+//!   either way, on the wall-clock times it reports (within the audit's
+//!   tolerance, no violation).
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -64,6 +70,12 @@ pub struct SimConfig {
     pub double_grant: f64,
     pub token_reuse: f64,
     pub late_fence: f64,
+    /// Rate of network partitions (per grant): the holder's keepalives
+    /// fail, it drains and fences on time, the lease expires. No violation.
+    pub partition: f64,
+    /// Each holder's host clock is off by up to this much (ms, either way);
+    /// within the audit's clock-skew tolerance this makes no violation.
+    pub clock_skew_ms: i64,
 }
 
 impl Default for SimConfig {
@@ -82,6 +94,8 @@ impl Default for SimConfig {
             double_grant: 0.0,
             token_reuse: 0.0,
             late_fence: 0.0,
+            partition: 0.0,
+            clock_skew_ms: 0,
         }
     }
 }
@@ -112,12 +126,21 @@ struct Lease<'a> {
     out: Vec<(i64, Value)>,
     seq: u64,
     run: i64,
+    skew: std::collections::HashMap<String, i64>,
 }
 
 impl Lease<'_> {
     fn emit(&mut self, ts: i64, mut v: Value) {
         self.seq += 1;
         let o = v.as_object_mut().expect("object");
+        // A holder reports wall-clock times by its own host's clock.
+        let ts = match (
+            o.get("source").and_then(Value::as_str),
+            o.get("holder_id").and_then(Value::as_str),
+        ) {
+            (Some("holder"), Some(h)) => ts + self.skew.get(h).copied().unwrap_or(0),
+            _ => ts,
+        };
         o.insert("ts".into(), json!(ts));
         o.insert("lease_id".into(), json!(self.id));
         // The run's start is part of the id: two runs are two histories,
@@ -151,10 +174,19 @@ pub fn simulate(cfg: &SimConfig) -> Simulation {
             out: Vec::new(),
             seq: 0,
             run: cfg.start_ms,
+            skew: Default::default(),
         };
         let holders: Vec<String> = (0..cfg.holders_per_lease.max(1))
             .map(|h| format!("worker-{l}-{h}"))
             .collect();
+        if cfg.clock_skew_ms > 0 {
+            for h in &holders {
+                let off = lease
+                    .rng
+                    .random_range(-cfg.clock_skew_ms..=cfg.clock_skew_ms);
+                lease.skew.insert(h.clone(), off);
+            }
+        }
         let mut t = cfg.start_ms + lease.jitter(2_000);
         let mut token: u64 = 100 + lease.rng.random_range(0..1000);
         let mut max_token = token;
@@ -214,6 +246,8 @@ pub fn simulate(cfg: &SimConfig) -> Simulation {
             let pause = !crash && lease.rng.random_bool(cfg.pause);
             let double = !crash && !pause && lease.rng.random_bool(cfg.double_grant);
             let late = !crash && !pause && !double && lease.rng.random_bool(cfg.late_fence);
+            let cut_off =
+                !crash && !pause && !double && !late && lease.rng.random_bool(cfg.partition);
             let fault_at = lease.rng.random_range(1..renewals);
             let mut last_good = t; // coordinator time of the last successful keepalive
             let mut last_sent_mono = mono0 - latency as f64;
@@ -262,21 +296,25 @@ pub fn simulate(cfg: &SimConfig) -> Simulation {
                     }
                     break;
                 }
-                if k == fault_at && late {
-                    // The keepalive fails; the client fences 500 ms past its
-                    // safe deadline (last send + TTL - 1 s); the lease lapses.
+                if k == fault_at && (late || cut_off) {
+                    // The keepalive fails (a partition, or the network of a
+                    // late client); the client fences at its safe deadline
+                    // (last send + TTL - 1 s), or a late one 500 ms past
+                    // it; the coordinator expires the lease.
                     lease.emit(rt, json!({"kind": "renew_failed", "source": "holder", "holder_id": holder, "fencing_token": token, "reason": "timeout", "mono_ms": mono}));
                     lease.emit(rt + 1, json!({"kind": "drain_started", "source": "holder", "holder_id": holder, "fencing_token": token, "mono_ms": mono + 1.0,
                         "deadline_mono_ms": last_sent_mono + ttl as f64 - 1000.0}));
                     let deadline = last_sent_mono + ttl as f64 - 1000.0;
-                    let fence_mono = deadline + 500.0;
+                    let fence_mono = if late { deadline + 500.0 } else { deadline };
                     let fence_ts = t + (fence_mono - mono0) as i64;
                     lease.emit(fence_ts, json!({"kind": "fenced", "source": "holder", "holder_id": holder, "fencing_token": token, "mono_ms": fence_mono, "deadline_mono_ms": deadline}));
-                    sim.truth.push(Injected {
-                        kind: "late_fence",
-                        lease_id: lease.id.clone(),
-                        fencing_token: token,
-                    });
+                    if late {
+                        sim.truth.push(Injected {
+                            kind: "late_fence",
+                            lease_id: lease.id.clone(),
+                            fencing_token: token,
+                        });
+                    }
                     let expiry = last_good + ttl;
                     lease.emit(expiry, json!({"kind": "expired", "source": "coordinator", "holder_id": holder, "fencing_token": token}));
                     sim.expiries += 1;
