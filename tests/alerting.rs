@@ -335,12 +335,7 @@ async fn healthy_traffic_raises_no_alert_and_prometheus_scrapes_the_counters() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let produced: u64 = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("simulated "))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("simulate said: {stderr}"));
+    let produced = simulated_count(&stderr);
     assert!(produced >= 100_000, "{stderr}");
 
     let counted = wait_until(Duration::from_secs(240), || {
@@ -424,14 +419,7 @@ fn served_violations(server: &Server) -> std::collections::BTreeSet<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| {
-            format!(
-                "{} {} {}",
-                v["kind"].as_str().unwrap(),
-                v["lease_id"].as_str().unwrap(),
-                v["fencing_token"]
-            )
-        })
+        .map(violation_key)
         .collect()
 }
 
@@ -472,24 +460,11 @@ async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka
         let out = sim.args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
         assert!(out.status.success(), "{name}: {stderr}");
-        let produced: u64 = stderr
-            .lines()
-            .find_map(|l| l.strip_prefix("simulated "))
-            .and_then(|l| l.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("simulate said: {stderr}"));
+        let produced = simulated_count(&stderr);
         let truth: std::collections::BTreeSet<String> = std::fs::read_to_string(&truth_file)
             .unwrap()
             .lines()
-            .map(|l| {
-                let v: Value = serde_json::from_str(l).unwrap();
-                format!(
-                    "{} {} {}",
-                    v["kind"].as_str().unwrap(),
-                    v["lease_id"].as_str().unwrap(),
-                    v["fencing_token"]
-                )
-            })
+            .map(|l| violation_key(&serde_json::from_str(l).unwrap()))
             .collect();
 
         let lake = dir.path().join(format!("lake-{name}"));

@@ -29,15 +29,7 @@ fn simulate(dir: &Path, name: &str, args: &[&str]) -> (std::path::PathBuf, BTree
     let truth = std::fs::read_to_string(&truth)
         .unwrap()
         .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            format!(
-                "{} {} {}",
-                v["kind"].as_str().unwrap(),
-                v["lease_id"].as_str().unwrap(),
-                v["fencing_token"]
-            )
-        })
+        .map(|l| violation_key(&serde_json::from_str(l).unwrap()))
         .collect();
     (events, truth)
 }
@@ -51,15 +43,10 @@ fn check(events: &Path) -> (i32, BTreeSet<String>) {
     let found = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
-        .filter_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).ok()?;
-            Some(format!(
-                "{} {} {}",
-                v["kind"].as_str()?,
-                v["lease_id"].as_str()?,
-                v["fencing_token"]
-            ))
-        })
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        // The violations, not the summary line.
+        .filter(|v| v["lease_id"].is_string() && v["kind"].is_string())
+        .map(|v| violation_key(&v))
         .collect();
     (out.status.code().unwrap(), found)
 }
@@ -121,18 +108,7 @@ fn import_records_the_alerts_history_would_have_raised_without_notifying() {
         ],
     );
     let lake = dir.path().join("lake");
-    let out = leaseline()
-        .args(["import", "--lake"])
-        .arg(&lake)
-        .arg(&events)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = import_with(&lake, &[&events], &[]);
     assert!(stdout.contains("alerts would have fired"), "{stdout}");
     assert!(stdout.contains("nobody notified"), "{stdout}");
     let sql = |q: &str| {
@@ -385,17 +361,7 @@ fn every_incident_query_in_the_docs_runs() {
         String::from_utf8_lossy(&out.stderr)
     );
     let lake = dir.path().join("lake");
-    let out = leaseline()
-        .args(["import", "--lake"])
-        .arg(&lake)
-        .arg(&events)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    import_with(&lake, &[&events], &[]);
 
     let doc = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/incident-queries.md"),
@@ -449,17 +415,7 @@ fn the_paused_holder_timeline_picture_shows_both_grants_the_expiry_and_the_rejec
     let events = dir.path().join("paused.ndjson");
     std::fs::write(&events, PAUSED_HOLDER).unwrap();
     let lake = dir.path().join("lake");
-    let out = leaseline()
-        .args(["import", "--lake"])
-        .arg(&lake)
-        .arg(&events)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    import_with(&lake, &[&events], &[]);
     let svg_path = dir.path().join("timeline.svg");
     let out = leaseline()
         .args(["timeline", "--lake"])

@@ -22,7 +22,7 @@
 //! it had arrived in order, and the alerts of a history depend on its
 //! events, not on their arrival order.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use leaseline_audit::{AuditConfig, Auditor, Violation};
@@ -51,6 +51,44 @@ struct Raised {
     /// Event time of the newest event behind it; it resolves a window later.
     last: i64,
     count: u64,
+}
+
+/// What a windowed rule concluded about one alert at one step.
+struct Verdict {
+    key: AlertKey,
+    holds: bool,
+    severity: Severity,
+    /// The rule's `for`, microseconds.
+    for_us: i64,
+    summary: String,
+    description: String,
+}
+
+impl Verdict {
+    /// The condition no longer holds (only the key matters then).
+    fn cleared(key: AlertKey) -> Verdict {
+        Verdict {
+            key,
+            holds: false,
+            severity: Severity::Warning,
+            for_us: 0,
+            summary: String::new(),
+            description: String::new(),
+        }
+    }
+}
+
+impl AlertKey {
+    /// A key not about one lease: per backend, or for the whole fleet.
+    fn fleet(name: AlertName, backend: Option<Name>, kind: Option<&'static str>) -> AlertKey {
+        AlertKey {
+            name,
+            lease_id: None,
+            holder_id: None,
+            backend,
+            kind,
+        }
+    }
 }
 
 /// A windowed rule's alert.
@@ -634,258 +672,212 @@ impl AlertEngine {
     }
 
     fn evaluate(&mut self, b: i64) {
-        let mut verdicts: Vec<(AlertKey, bool, Severity, i64, String, String)> = Vec::new();
-        let rules = self.cfg.rules.clone();
+        let mut verdicts = Vec::new();
+        self.latency_verdicts(b, &mut verdicts);
+        self.renewal_verdicts(b, &mut verdicts);
+        self.churn_verdicts(b, &mut verdicts);
+        // A windowed alert whose rule said nothing of it this step (no
+        // data in its window, a rule waiting for history) has cleared.
+        let judged: HashSet<&AlertKey> = verdicts.iter().map(|v| &v.key).collect();
+        let cleared: Vec<AlertKey> = self
+            .windowed
+            .keys()
+            .filter(|k| !judged.contains(k))
+            .cloned()
+            .collect();
+        verdicts.extend(cleared.into_iter().map(Verdict::cleared));
+        for v in verdicts {
+            self.transition(v, b);
+        }
+    }
 
-        if rules.acquisition_latency.enabled {
-            let r = &rules.acquisition_latency;
-            let mut by_backend: BTreeMap<Option<Name>, Vec<f64>> = BTreeMap::new();
-            for s in self.window(b, micros(r.window)) {
-                for (be, v) in &s.latency {
-                    by_backend.entry(be.clone()).or_default().extend(v);
-                }
-            }
-            for key in self.windowed_keys(AlertName::LeaseAcquisitionLatencyHigh) {
-                by_backend.entry(key.backend.clone()).or_default();
-            }
-            for (backend, mut v) in by_backend {
-                let n = v.len() as u64;
-                let q = quantile(&mut v, r.quantile);
-                if let (Some(m), Some(q)) = (&self.metrics, q) {
-                    m.acquisition_latency_p99
-                        .get_or_create(&LeaseMetrics::backend_labels(backend.as_deref()))
-                        .set(q);
-                }
-                let cond = n >= r.min_samples && q.is_some_and(|q| q > r.threshold_ms);
-                verdicts.push((
-                    AlertKey {
-                        name: AlertName::LeaseAcquisitionLatencyHigh,
-                        lease_id: None,
-                        holder_id: None,
-                        backend: backend.clone(),
-                        kind: None,
-                    },
-                    cond,
-                    r.severity,
-                    micros(r.for_duration),
-                    format!(
-                        "Lease acquisition is slow on {}",
-                        backend.as_deref().unwrap_or("an unnamed backend")
-                    ),
-                    format!(
-                        "p{} of acquired.latency_ms over the {} before {} is {} (threshold {} ms, {} acquisitions)",
-                        r.quantile * 100.0,
-                        humantime::format_duration(r.window),
-                        fmt_ts(b),
-                        q.map(fmt_ms).unwrap_or_else(|| "unknown".into()),
-                        r.threshold_ms,
-                        n
-                    ),
-                ));
+    fn latency_verdicts(&self, b: i64, out: &mut Vec<Verdict>) {
+        let r = &self.cfg.rules.acquisition_latency;
+        if !r.enabled {
+            return;
+        }
+        let mut by_backend: BTreeMap<Option<Name>, Vec<f64>> = BTreeMap::new();
+        for s in self.window(b, micros(r.window)) {
+            for (be, v) in &s.latency {
+                by_backend.entry(be.clone()).or_default().extend(v);
             }
         }
+        for (backend, mut v) in by_backend {
+            let n = v.len() as u64;
+            let q = quantile(&mut v, r.quantile);
+            if let (Some(m), Some(q)) = (&self.metrics, q) {
+                m.acquisition_latency_p99
+                    .get_or_create(&LeaseMetrics::backend_labels(backend.as_deref()))
+                    .set(q);
+            }
+            out.push(Verdict {
+                holds: n >= r.min_samples && q.is_some_and(|q| q > r.threshold_ms),
+                severity: r.severity,
+                for_us: micros(r.for_duration),
+                summary: format!(
+                    "Lease acquisition is slow on {}",
+                    backend.as_deref().unwrap_or("an unnamed backend")
+                ),
+                description: format!(
+                    "p{} of acquired.latency_ms over the {} before {} is {} (threshold {} ms, {} acquisitions)",
+                    r.quantile * 100.0,
+                    humantime::format_duration(r.window),
+                    fmt_ts(b),
+                    q.map(fmt_ms).unwrap_or_else(|| "unknown".into()),
+                    r.threshold_ms,
+                    n
+                ),
+                key: AlertKey::fleet(AlertName::LeaseAcquisitionLatencyHigh, backend, None),
+            });
+        }
+    }
 
-        if rules.renewal_failures.enabled {
-            let r = &rules.renewal_failures;
-            let mut by_backend: BTreeMap<Option<Name>, (u64, u64)> = BTreeMap::new();
-            for s in self.window(b, micros(r.window)) {
-                for (be, n) in &s.renew_ok {
-                    by_backend.entry(be.clone()).or_default().0 += n;
-                }
-                for (be, n) in &s.renew_failed {
-                    by_backend.entry(be.clone()).or_default().1 += n;
-                }
+    fn renewal_verdicts(&self, b: i64, out: &mut Vec<Verdict>) {
+        let r = &self.cfg.rules.renewal_failures;
+        if !r.enabled {
+            return;
+        }
+        let mut by_backend: BTreeMap<Option<Name>, (u64, u64)> = BTreeMap::new();
+        for s in self.window(b, micros(r.window)) {
+            for (be, n) in &s.renew_ok {
+                by_backend.entry(be.clone()).or_default().0 += n;
             }
-            for key in self.windowed_keys(AlertName::LeaseRenewalFailuresHigh) {
-                by_backend.entry(key.backend.clone()).or_default();
-            }
-            for (backend, (ok, failed)) in by_backend {
-                let attempts = ok + failed;
-                let ratio = if attempts == 0 {
-                    0.0
-                } else {
-                    failed as f64 / attempts as f64
-                };
-                if let Some(m) = &self.metrics {
-                    m.renewal_failure_rate
-                        .get_or_create(&LeaseMetrics::backend_labels(backend.as_deref()))
-                        .set(ratio);
-                }
-                let cond = attempts >= r.min_attempts && ratio > r.max_failure_ratio;
-                verdicts.push((
-                    AlertKey {
-                        name: AlertName::LeaseRenewalFailuresHigh,
-                        lease_id: None,
-                        holder_id: None,
-                        backend: backend.clone(),
-                        kind: None,
-                    },
-                    cond,
-                    r.severity,
-                    micros(r.for_duration),
-                    format!(
-                        "Lease keepalives are failing on {}",
-                        backend.as_deref().unwrap_or("an unnamed backend")
-                    ),
-                    format!(
-                        "{failed} of {attempts} keepalives failed in the {} before {} ({:.2} %, threshold {:.2} %)",
-                        humantime::format_duration(r.window),
-                        fmt_ts(b),
-                        ratio * 100.0,
-                        r.max_failure_ratio * 100.0
-                    ),
-                ));
+            for (be, n) in &s.renew_failed {
+                by_backend.entry(be.clone()).or_default().1 += n;
             }
         }
-
-        if rules.token_churn.enabled {
-            let r = &rules.token_churn;
-            let win = micros(r.window);
-            let base = micros(r.baseline_window);
-            let mut now: BTreeMap<Name, u32> = BTreeMap::new();
-            let mut fleet = 0u64;
-            for s in self.window(b, win) {
-                fleet += u64::from(s.fleet_grants);
-                for (l, n) in &s.lease_grants {
-                    *now.entry(l.clone()).or_default() += n;
-                }
-            }
-            let mut by_backend: BTreeMap<Option<Name>, u64> = BTreeMap::new();
-            for (l, n) in &now {
-                *by_backend.entry(self.backends.get(l).cloned()).or_default() += u64::from(*n);
-            }
+        for (backend, (ok, failed)) in by_backend {
+            let attempts = ok + failed;
+            let ratio = if attempts == 0 {
+                0.0
+            } else {
+                failed as f64 / attempts as f64
+            };
             if let Some(m) = &self.metrics {
-                for (be, n) in &by_backend {
-                    m.token_increment_rate
-                        .get_or_create(&LeaseMetrics::backend_labels(be.as_deref()))
-                        .set(*n as f64 / r.window.as_secs_f64());
+                m.renewal_failure_rate
+                    .get_or_create(&LeaseMetrics::backend_labels(backend.as_deref()))
+                    .set(ratio);
+            }
+            out.push(Verdict {
+                holds: attempts >= r.min_attempts && ratio > r.max_failure_ratio,
+                severity: r.severity,
+                for_us: micros(r.for_duration),
+                summary: format!(
+                    "Lease keepalives are failing on {}",
+                    backend.as_deref().unwrap_or("an unnamed backend")
+                ),
+                description: format!(
+                    "{failed} of {attempts} keepalives failed in the {} before {} ({:.2} %, threshold {:.2} %)",
+                    humantime::format_duration(r.window),
+                    fmt_ts(b),
+                    ratio * 100.0,
+                    r.max_failure_ratio * 100.0
+                ),
+                key: AlertKey::fleet(AlertName::LeaseRenewalFailuresHigh, backend, None),
+            });
+        }
+    }
+
+    fn churn_verdicts(&self, b: i64, out: &mut Vec<Verdict>) {
+        let r = &self.cfg.rules.token_churn;
+        if !r.enabled {
+            return;
+        }
+        let win = micros(r.window);
+        let base = micros(r.baseline_window);
+        let mut now: BTreeMap<Name, u32> = BTreeMap::new();
+        let mut fleet = 0u64;
+        for s in self.window(b, win) {
+            fleet += u64::from(s.fleet_grants);
+            for (l, n) in &s.lease_grants {
+                *now.entry(l.clone()).or_default() += n;
+            }
+        }
+        if let Some(m) = &self.metrics {
+            let mut by_backend: BTreeMap<Option<&Name>, u64> = BTreeMap::new();
+            for (l, n) in &now {
+                *by_backend.entry(self.backends.get(l)).or_default() += u64::from(*n);
+            }
+            for (be, n) in &by_backend {
+                m.token_increment_rate
+                    .get_or_create(&LeaseMetrics::backend_labels(be.map(|b| &**b)))
+                    .set(*n as f64 / r.window.as_secs_f64());
+            }
+        }
+        // The baseline covers the history before the window, up to
+        // `baseline_window`, scaled to one window.
+        let start = b - win;
+        let covered = (start - self.first_step.unwrap_or(start)).clamp(0, base);
+        // Until the engine has seen one whole window of history there is
+        // no baseline at all, and an ordinary start-up (every lease
+        // acquired at once) must not read as churn: the rule waits.
+        if covered < win {
+            return;
+        }
+        let scale = win as f64 / covered as f64;
+        let mut base_lease: HashMap<&Name, u64> = HashMap::new();
+        let mut base_fleet = 0u64;
+        for (_, s) in self.steps.range(start - covered..start) {
+            base_fleet += u64::from(s.fleet_grants);
+            for (l, n) in &s.lease_grants {
+                if now.contains_key(l) {
+                    *base_lease.entry(l).or_default() += u64::from(*n);
                 }
             }
-            // The baseline covers the history before the window, up to
-            // `baseline_window`, scaled to one window.
-            let start = b - win;
-            let covered = (start - self.first_step.unwrap_or(start)).clamp(0, base);
-            // Until the engine has seen one whole window of history there is
-            // no baseline at all, and an ordinary start-up (every lease
-            // acquired at once) must not read as churn: the rule waits.
-            if covered < win {
-                self.transition_all_false(AlertName::LeaseTokenChurn, b);
-                for (key, cond, severity, for_us, summary, description) in verdicts {
-                    self.transition(key, cond, severity, for_us, b, summary, description);
-                }
-                return;
-            }
-            let scale = win as f64 / covered as f64;
-            let mut base_lease: HashMap<&Name, u64> = HashMap::new();
-            let mut base_fleet = 0u64;
-            for (_, s) in self.steps.range(start - covered..start) {
-                base_fleet += u64::from(s.fleet_grants);
-                for (l, n) in &s.lease_grants {
-                    if now.contains_key(l) {
-                        *base_lease.entry(l).or_default() += u64::from(*n);
-                    }
-                }
-            }
-            let mut lease_verdicts = Vec::new();
-            for (lease, n) in &now {
-                let baseline = base_lease.get(lease).copied().unwrap_or(0) as f64 * scale;
-                let threshold = r.factor * baseline.max(r.min_lease_grants);
-                let cond = f64::from(*n) > threshold;
-                let backend = self.backends.get(lease).cloned();
-                lease_verdicts.push((
-                    AlertKey {
-                        name: AlertName::LeaseTokenChurn,
-                        lease_id: Some(lease.clone()),
-                        holder_id: None,
-                        backend,
-                        kind: Some("lease"),
-                    },
-                    cond,
-                    r.severity,
-                    micros(r.for_duration),
-                    format!("Lease {lease} changes hands too often"),
-                    format!(
-                        "{n} grants of {lease} in the {} before {}: more than {} × its baseline of {:.1} per window (floor {})",
-                        humantime::format_duration(r.window),
-                        fmt_ts(b),
-                        r.factor,
-                        baseline,
-                        r.min_lease_grants
-                    ),
-                ));
-            }
-            for key in self.windowed_keys(AlertName::LeaseTokenChurn) {
-                if key.kind == Some("lease")
-                    && !now.contains_key(key.lease_id.as_ref().expect("lease churn"))
-                {
-                    lease_verdicts.push((key, false, r.severity, 0, String::new(), String::new()));
-                }
-            }
-            verdicts.extend(lease_verdicts);
-            let baseline = base_fleet as f64 * scale;
-            let threshold = r.factor * baseline.max(r.min_fleet_grants);
-            verdicts.push((
-                AlertKey {
-                    name: AlertName::LeaseTokenChurn,
-                    lease_id: None,
-                    holder_id: None,
-                    backend: None,
-                    kind: Some("fleet"),
-                },
-                fleet as f64 > threshold,
-                r.severity,
-                micros(r.for_duration),
-                "Leases across the fleet change hands too often".to_string(),
-                format!(
-                    "{fleet} grants in the {} before {}: more than {} × the fleet's baseline of {:.1} per window (floor {})",
+        }
+        for (lease, n) in &now {
+            let baseline = base_lease.get(lease).copied().unwrap_or(0) as f64 * scale;
+            out.push(Verdict {
+                holds: f64::from(*n) > r.factor * baseline.max(r.min_lease_grants),
+                severity: r.severity,
+                for_us: micros(r.for_duration),
+                summary: format!("Lease {lease} changes hands too often"),
+                description: format!(
+                    "{n} grants of {lease} in the {} before {}: more than {} × its baseline of {:.1} per window (floor {})",
                     humantime::format_duration(r.window),
                     fmt_ts(b),
                     r.factor,
                     baseline,
-                    r.min_fleet_grants
+                    r.min_lease_grants
                 ),
-            ));
+                key: AlertKey {
+                    name: AlertName::LeaseTokenChurn,
+                    lease_id: Some(lease.clone()),
+                    holder_id: None,
+                    backend: self.backends.get(lease).cloned(),
+                    kind: Some("lease"),
+                },
+            });
         }
-
-        for (key, cond, severity, for_us, summary, description) in verdicts {
-            self.transition(key, cond, severity, for_us, b, summary, description);
-        }
+        let baseline = base_fleet as f64 * scale;
+        out.push(Verdict {
+            holds: fleet as f64 > r.factor * baseline.max(r.min_fleet_grants),
+            severity: r.severity,
+            for_us: micros(r.for_duration),
+            summary: "Leases across the fleet change hands too often".to_string(),
+            description: format!(
+                "{fleet} grants in the {} before {}: more than {} × the fleet's baseline of {:.1} per window (floor {})",
+                humantime::format_duration(r.window),
+                fmt_ts(b),
+                r.factor,
+                baseline,
+                r.min_fleet_grants
+            ),
+            key: AlertKey::fleet(AlertName::LeaseTokenChurn, None, Some("fleet")),
+        });
     }
 
-    fn transition_all_false(&mut self, name: AlertName, b: i64) {
-        for key in self.windowed_keys(name) {
-            self.transition(
-                key,
-                false,
-                Severity::Warning,
-                0,
-                b,
-                String::new(),
-                String::new(),
-            );
-        }
-    }
-
-    fn windowed_keys(&self, name: AlertName) -> Vec<AlertKey> {
-        self.windowed
-            .keys()
-            .filter(|k| k.name == name)
-            .cloned()
-            .collect()
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn transition(
-        &mut self,
-        key: AlertKey,
-        cond: bool,
-        severity: Severity,
-        for_us: i64,
-        b: i64,
-        summary: String,
-        description: String,
-    ) {
-        match (self.windowed.get_mut(&key), cond) {
+    /// Applies one verdict of step `b` to its windowed alert.
+    fn transition(&mut self, v: Verdict, b: i64) {
+        let Verdict {
+            key,
+            holds,
+            severity,
+            for_us,
+            summary,
+            description,
+        } = v;
+        match (self.windowed.get_mut(&key), holds) {
             (None, false) => {}
             (None, true) => {
                 let state = if for_us == 0 {

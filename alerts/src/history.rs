@@ -6,9 +6,9 @@
 //! outside the lake's manifest: alerts are derived data, and writing them
 //! must never contend with ingest's commits.
 
-use arrow::array::{
-    ArrayRef, BooleanBuilder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder,
-};
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, BooleanArray, RecordBatch, StringArray, TimestampMicrosecondArray};
 use leaseline_lake::Lake;
 use leaseline_schema::{ALERTS_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
 use parquet::arrow::ArrowWriter;
@@ -49,42 +49,43 @@ impl AlertHistory {
 
     /// The waiting rows as one batch of [`ALERTS_SCHEMA`].
     pub fn to_batch(&self) -> Result<RecordBatch> {
-        let mut s: Vec<StringBuilder> = (0..6).map(|_| StringBuilder::new()).collect();
-        let mut summary = StringBuilder::new();
-        let mut description = StringBuilder::new();
-        let utc = || TimestampMicrosecondBuilder::new().with_timezone("UTC");
-        let (mut starts, mut ends, mut recorded) = (utc(), utc(), utc());
-        let mut notified = BooleanBuilder::new();
-        for (a, at, n) in &self.rows {
-            let k = &a.key;
-            s[0].append_value(k.name.as_str());
-            s[1].append_option(k.lease_id.as_deref());
-            s[2].append_option(k.holder_id.as_deref());
-            s[3].append_option(k.backend.as_deref());
-            s[4].append_option(k.kind);
-            s[5].append_value(a.severity.as_str());
-            summary.append_value(&a.summary);
-            description.append_value(&a.description);
-            starts.append_value(a.starts_at);
-            ends.append_option(a.ends_at);
-            recorded.append_value(*at);
-            notified.append_value(*n);
-        }
-        let mut state = StringBuilder::new();
-        for (a, _, _) in &self.rows {
-            state.append_value(a.state.as_str());
-        }
-        let mut cols: Vec<ArrayRef> = s
-            .iter_mut()
-            .map(|b| std::sync::Arc::new(b.finish()) as ArrayRef)
-            .collect();
-        cols.push(std::sync::Arc::new(state.finish()));
-        cols.push(std::sync::Arc::new(starts.finish()));
-        cols.push(std::sync::Arc::new(ends.finish()));
-        cols.push(std::sync::Arc::new(summary.finish()));
-        cols.push(std::sync::Arc::new(description.finish()));
-        cols.push(std::sync::Arc::new(recorded.finish()));
-        cols.push(std::sync::Arc::new(notified.finish()));
+        let text = |f: &dyn Fn(&Alert) -> Option<&str>| -> ArrayRef {
+            Arc::new(
+                self.rows
+                    .iter()
+                    .map(|(a, _, _)| f(a))
+                    .collect::<StringArray>(),
+            )
+        };
+        let time = |f: &dyn Fn(&(Alert, i64, bool)) -> Option<i64>| -> ArrayRef {
+            Arc::new(
+                self.rows
+                    .iter()
+                    .map(f)
+                    .collect::<TimestampMicrosecondArray>()
+                    .with_timezone("UTC"),
+            )
+        };
+        let cols: Vec<ArrayRef> = vec![
+            text(&|a| Some(a.key.name.as_str())),
+            text(&|a| a.key.lease_id.as_deref()),
+            text(&|a| a.key.holder_id.as_deref()),
+            text(&|a| a.key.backend.as_deref()),
+            text(&|a| a.key.kind),
+            text(&|a| Some(a.severity.as_str())),
+            text(&|a| Some(a.state.as_str())),
+            time(&|(a, _, _)| Some(a.starts_at)),
+            time(&|(a, _, _)| a.ends_at),
+            text(&|a| Some(&a.summary)),
+            text(&|a| Some(&a.description)),
+            time(&|(_, at, _)| Some(*at)),
+            Arc::new(
+                self.rows
+                    .iter()
+                    .map(|(_, _, n)| Some(*n))
+                    .collect::<BooleanArray>(),
+            ),
+        ];
         Ok(RecordBatch::try_new(ALERTS_SCHEMA.clone(), cols)?)
     }
 

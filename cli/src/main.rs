@@ -54,6 +54,48 @@ struct Cli {
     command: Command,
 }
 
+/// Where `serve` and `demo` listen, and who may connect.
+#[derive(Debug, Args)]
+struct ListenArgs {
+    /// Address of the HTTP API (port 0 picks a free port; the log says
+    /// which).
+    #[arg(long, env = "LEASELINE_HTTP_LISTEN")]
+    http_listen: Option<std::net::SocketAddr>,
+    /// Address of the PostgreSQL wire protocol (port 0 picks a free port).
+    #[arg(long, env = "LEASELINE_PG_LISTEN")]
+    pg_listen: Option<std::net::SocketAddr>,
+    /// Do not serve the PostgreSQL protocol.
+    #[arg(long, env = "LEASELINE_NO_PG")]
+    no_pg: bool,
+    /// The PostgreSQL user (default `leaseline`).
+    #[arg(long, env = "LEASELINE_PG_USER")]
+    pg_user: Option<String>,
+    /// The PostgreSQL password; required unless `--pg-listen` is a
+    /// loopback address.
+    #[arg(long, env = "LEASELINE_PG_PASSWORD", hide_env_values = true)]
+    pg_password: Option<String>,
+}
+
+impl ListenArgs {
+    fn apply(self, cfg: &mut Config) {
+        if let Some(a) = self.http_listen {
+            cfg.serve.http_listen = a;
+        }
+        if let Some(a) = self.pg_listen {
+            cfg.serve.pg_listen = Some(a);
+        }
+        if self.no_pg {
+            cfg.serve.pg_listen = None;
+        }
+        if let Some(u) = self.pg_user {
+            cfg.serve.pg_user = u;
+        }
+        if self.pg_password.is_some() {
+            cfg.serve.pg_password = self.pg_password;
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 struct LakeArgs {
     /// The lake's root: a directory or an object store URL.
@@ -195,23 +237,8 @@ enum Command {
         audit: AuditArgs,
         #[command(flatten)]
         query: QueryArgs,
-        /// Address of the HTTP API (port 0 picks a free port; the log says
-        /// which).
-        #[arg(long, env = "LEASELINE_HTTP_LISTEN")]
-        http_listen: Option<std::net::SocketAddr>,
-        /// Address of the PostgreSQL wire protocol (port 0 picks a free port).
-        #[arg(long, env = "LEASELINE_PG_LISTEN")]
-        pg_listen: Option<std::net::SocketAddr>,
-        /// Do not serve the PostgreSQL protocol.
-        #[arg(long, env = "LEASELINE_NO_PG")]
-        no_pg: bool,
-        /// The PostgreSQL user (default `leaseline`).
-        #[arg(long, env = "LEASELINE_PG_USER")]
-        pg_user: Option<String>,
-        /// The PostgreSQL password; required unless `--pg-listen` is a
-        /// loopback address.
-        #[arg(long, env = "LEASELINE_PG_PASSWORD", hide_env_values = true)]
-        pg_password: Option<String>,
+        #[command(flatten)]
+        listen: ListenArgs,
         /// Also consume Kafka into the lake, as `leaseline ingest` does, and
         /// evaluate the alert rules on the events as they come.
         #[arg(long, env = "LEASELINE_SERVE_INGEST")]
@@ -290,15 +317,8 @@ enum Command {
         /// The demo's lake (default `./data/demo`).
         #[arg(long, env = "LEASELINE_DEMO_LAKE", default_value = "./data/demo")]
         lake: String,
-        /// Address of the HTTP API.
-        #[arg(long, env = "LEASELINE_HTTP_LISTEN")]
-        http_listen: Option<std::net::SocketAddr>,
-        /// Address of the PostgreSQL protocol.
-        #[arg(long, env = "LEASELINE_PG_LISTEN")]
-        pg_listen: Option<std::net::SocketAddr>,
-        /// Do not serve the PostgreSQL protocol.
-        #[arg(long, env = "LEASELINE_NO_PG")]
-        no_pg: bool,
+        #[command(flatten)]
+        listen: ListenArgs,
         #[command(flatten)]
         alerts: alerting::AlertArgs,
         #[command(flatten)]
@@ -426,34 +446,16 @@ async fn run(
             lake,
             audit,
             query,
-            http_listen,
-            pg_listen,
-            no_pg,
-            pg_user,
-            pg_password,
+            listen,
             ingest,
             ingest_args,
             alerts,
         } => {
             alerts.apply(&mut cfg)?;
-            if let Some(a) = pg_listen {
-                cfg.serve.pg_listen = Some(a);
-            }
-            if no_pg {
-                cfg.serve.pg_listen = None;
-            }
-            if let Some(u) = pg_user {
-                cfg.serve.pg_user = u;
-            }
-            if pg_password.is_some() {
-                cfg.serve.pg_password = pg_password;
-            }
+            listen.apply(&mut cfg);
             audit.apply(&mut cfg);
             query.apply(&mut cfg);
             ingest_args.apply(&mut cfg)?;
-            if let Some(a) = http_listen {
-                cfg.serve.http_listen = a;
-            }
             if ingest {
                 cfg.serve.ingest = true;
             }
@@ -574,22 +576,12 @@ async fn run(
         }
         Command::Demo {
             lake,
-            http_listen,
-            pg_listen,
-            no_pg,
+            listen,
             alerts,
             sim,
         } => {
             alerts.apply(&mut cfg)?;
-            if let Some(a) = http_listen {
-                cfg.serve.http_listen = a;
-            }
-            if let Some(a) = pg_listen {
-                cfg.serve.pg_listen = Some(a);
-            }
-            if no_pg {
-                cfg.serve.pg_listen = None;
-            }
+            listen.apply(&mut cfg);
             // Small files, often: a demo wants to show data in the lake.
             cfg.flush.flush_interval = cfg.flush.flush_interval.min(Duration::from_secs(5));
             let lake = Lake::open(&lake).with_context(|| format!("opening lake {lake}"))?;

@@ -313,12 +313,10 @@ impl QueryEngine {
             .url()
             .join(&format!("{ALERTS_TABLE}/"))
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let options =
-            ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
-        let config = ListingTableConfig::new(ListingTableUrl::parse(url.as_str())?)
-            .with_listing_options(options)
-            .with_schema(leaseline_schema::ALERTS_SCHEMA.clone());
-        Ok(Arc::new(ListingTable::try_new(config)?))
+        parquet_listing(
+            vec![ListingTableUrl::parse(url.as_str())?],
+            leaseline_schema::ALERTS_SCHEMA.clone(),
+        )
     }
 
     fn table_provider(&self, m: &Manifest, table: Table) -> Result<Arc<dyn TableProvider>> {
@@ -338,12 +336,7 @@ impl QueryEngine {
         if urls.is_empty() {
             return Ok(Arc::new(MemTable::try_new(schema, vec![vec![]])?));
         }
-        let options =
-            ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
-        let config = ListingTableConfig::new_with_multi_paths(urls)
-            .with_listing_options(options)
-            .with_schema(schema);
-        Ok(Arc::new(ListingTable::try_new(config)?))
+        parquet_listing(urls, schema)
     }
 
     /// Runs one read-only statement under the engine's limits and collects
@@ -442,6 +435,19 @@ impl TableProvider for LiveTable {
         };
         provider.scan(state, projection, filters, limit).await
     }
+}
+
+/// Parquet files (or folders of them, listed at each scan) as one table.
+fn parquet_listing(
+    urls: Vec<ListingTableUrl>,
+    schema: arrow::datatypes::SchemaRef,
+) -> Result<Arc<dyn TableProvider>> {
+    let options =
+        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+    let config = ListingTableConfig::new_with_multi_paths(urls)
+        .with_listing_options(options)
+        .with_schema(schema);
+    Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
 /// A lake table with rows not yet flushed to it: a union of the two scans.

@@ -817,3 +817,25 @@ impl HttpSink {
         self.received.lock().unwrap().clone()
     }
 }
+
+/// How many events `leaseline simulate` says it produced (its last line on
+/// stderr: "simulated N events: ...").
+pub fn simulated_count(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("simulated "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("simulate said: {stderr}"))
+}
+
+/// A violation (of the ground truth, `check`, or `lease_violations`) as
+/// `kind lease_id fencing_token`, for comparing sets.
+pub fn violation_key(v: &serde_json::Value) -> String {
+    format!(
+        "{} {} {}",
+        v["kind"].as_str().expect("kind"),
+        v["lease_id"].as_str().expect("lease_id"),
+        v["fencing_token"]
+    )
+}
