@@ -22,10 +22,14 @@ use crate::error::Result;
 /// The lake folder of `lease_alerts`.
 pub const ALERTS_DIR: &str = "lease_alerts";
 
+/// One waiting row: the alert, when it was recorded, whether receivers
+/// were told.
+type Row = (Alert, i64, bool);
+
 /// Rows waiting to be written.
 #[derive(Default)]
 pub struct AlertHistory {
-    rows: Vec<(Alert, i64, bool)>,
+    rows: Vec<Row>,
 }
 
 impl AlertHistory {
@@ -57,7 +61,7 @@ impl AlertHistory {
                     .collect::<StringArray>(),
             )
         };
-        let time = |f: &dyn Fn(&(Alert, i64, bool)) -> Option<i64>| -> ArrayRef {
+        let time = |f: &dyn Fn(&Row) -> Option<i64>| -> ArrayRef {
             Arc::new(
                 self.rows
                     .iter()
