@@ -4,10 +4,10 @@
 use std::sync::{Arc, LazyLock};
 
 use arrow::array::{
-    ArrayRef, BinaryBuilder, Float64Builder, Int32Builder, Int64Builder, RecordBatch,
-    StringBuilder, TimestampMicrosecondBuilder, UInt64Builder,
+    Array, ArrayRef, BinaryBuilder, Float64Builder, Int32Builder, Int64Builder, PrimitiveArray,
+    PrimitiveBuilder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder, UInt64Builder,
 };
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::datatypes::{ArrowPrimitiveType, DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use crate::decode::DecodeError;
 use crate::event::{LeaseEvent, Origin};
@@ -93,6 +93,28 @@ pub static ALERTS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
+/// The most rows a finished builder keeps room for; a rare giant batch
+/// must not pin its memory for good.
+const MAX_KEPT_ROWS: usize = 65_536;
+
+/// Arrow's `finish` leaves a builder with no capacity, so every batch
+/// regrew each buffer from empty: about a fifth of decode-to-Arrow time.
+/// These finish a column and leave the builder with room for a batch like
+/// the one just taken.
+fn take_strings(b: &mut StringBuilder) -> ArrayRef {
+    let a = b.finish();
+    let rows = a.len().min(MAX_KEPT_ROWS);
+    let bytes = a.value_data().len() / a.len().max(1) * rows;
+    *b = StringBuilder::with_capacity(rows, bytes);
+    Arc::new(a)
+}
+
+fn take_values<T: ArrowPrimitiveType>(b: &mut PrimitiveBuilder<T>) -> PrimitiveArray<T> {
+    let a = b.finish();
+    *b = PrimitiveBuilder::with_capacity(a.len().min(MAX_KEPT_ROWS));
+    a
+}
+
 #[derive(Default)]
 struct OriginBuilder {
     topic: StringBuilder,
@@ -129,12 +151,14 @@ impl OriginBuilder {
     }
 
     fn finish(&mut self, out: &mut Vec<ArrayRef>) {
-        out.push(Arc::new(self.topic.finish()));
-        out.push(Arc::new(self.partition.finish()));
-        out.push(Arc::new(self.offset.finish()));
-        out.push(Arc::new(self.file.finish()));
-        out.push(Arc::new(self.line.finish()));
-        out.push(Arc::new(self.ingested_at.finish().with_timezone("UTC")));
+        out.push(take_strings(&mut self.topic));
+        out.push(Arc::new(take_values(&mut self.partition)));
+        out.push(Arc::new(take_values(&mut self.offset)));
+        out.push(take_strings(&mut self.file));
+        out.push(Arc::new(take_values(&mut self.line)));
+        out.push(Arc::new(
+            take_values(&mut self.ingested_at).with_timezone("UTC"),
+        ));
     }
 }
 
@@ -203,24 +227,24 @@ impl EventBatchBuilder {
     /// Takes the rows appended so far as one batch; the builder is left empty.
     pub fn finish(&mut self) -> RecordBatch {
         let mut cols: Vec<ArrayRef> = vec![
-            Arc::new(self.ts.finish().with_timezone("UTC")),
-            Arc::new(self.kind.finish()),
-            Arc::new(self.source.finish()),
-            Arc::new(self.lease_id.finish()),
-            Arc::new(self.holder_id.finish()),
-            Arc::new(self.fencing_token.finish()),
-            Arc::new(self.ttl_ms.finish()),
-            Arc::new(self.event_id.finish()),
-            Arc::new(self.backend.finish()),
-            Arc::new(self.latency_ms.finish()),
-            Arc::new(self.reason.finish()),
-            Arc::new(self.max_token.finish()),
-            Arc::new(self.mono_ms.finish()),
-            Arc::new(self.keepalive_sent_mono_ms.finish()),
-            Arc::new(self.deadline_mono_ms.finish()),
-            Arc::new(self.trace_id.finish()),
-            Arc::new(self.span_id.finish()),
-            Arc::new(self.attrs.finish()),
+            Arc::new(take_values(&mut self.ts).with_timezone("UTC")),
+            take_strings(&mut self.kind),
+            take_strings(&mut self.source),
+            take_strings(&mut self.lease_id),
+            take_strings(&mut self.holder_id),
+            Arc::new(take_values(&mut self.fencing_token)),
+            Arc::new(take_values(&mut self.ttl_ms)),
+            take_strings(&mut self.event_id),
+            take_strings(&mut self.backend),
+            Arc::new(take_values(&mut self.latency_ms)),
+            take_strings(&mut self.reason),
+            Arc::new(take_values(&mut self.max_token)),
+            Arc::new(take_values(&mut self.mono_ms)),
+            Arc::new(take_values(&mut self.keepalive_sent_mono_ms)),
+            Arc::new(take_values(&mut self.deadline_mono_ms)),
+            take_strings(&mut self.trace_id),
+            take_strings(&mut self.span_id),
+            take_strings(&mut self.attrs),
         ];
         self.origin.finish(&mut cols);
         self.rows = 0;
