@@ -16,12 +16,28 @@ use crate::violation::{Violation, ViolationChanges};
 /// overlap many cache misses, few enough for the log to stay in cache.
 const LOG_BATCH: usize = 4096;
 
+/// Below this many leases to recompute, threads cost more than they save
+/// (the streaming alert engine's reads are far below it).
+const PARALLEL_MIN_LEASES: usize = 2048;
+
+/// Leases a recompute worker takes at a time: big enough that the shared
+/// cursor is rarely contended, small enough to even out uneven leases.
+const PARALLEL_RUN_LEASES: usize = 256;
+
 /// An event's string hashes, computed ahead of its lookups.
 #[derive(Clone, Copy)]
 struct Hashes {
     id: Option<u64>,
     lease: u64,
     holder: Option<u64>,
+}
+
+/// Whether pushed events' `event_id`s are looked up for duplicates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ids {
+    Check,
+    /// The caller knows they are new: see [`Auditor::push_all_unique`].
+    Unique,
 }
 
 /// Where the event kept for an `event_id` lives.
@@ -118,8 +134,8 @@ impl Auditor {
     /// order (lease id, then event content) is kept, so the outcome does not
     /// depend on which arrived first.
     pub fn push(&mut self, event: &LeaseEvent<'_>) -> bool {
-        let hashes = self.prepare(event);
-        self.push_prepared(event, hashes)
+        let hashes = self.prepare(event, Ids::Check);
+        self.push_prepared(event, hashes, Ids::Check)
     }
 
     /// Adds many events, as [`Auditor::push`] each in turn, and returns how
@@ -129,20 +145,49 @@ impl Auditor {
     where
         I: IntoIterator<Item = &'e LeaseEvent<'e>>,
     {
+        self.push_many(events, Ids::Check)
+    }
+
+    /// [`Auditor::push_all`] for events whose `event_id`s are known to
+    /// differ from each other and from those of every event pushed before:
+    /// a lake's `lease_events`, de-duplicated when they were ingested. The
+    /// ids are kept without the de-duplication lookup, a cache miss into a
+    /// table as big as the history and the costliest part of auditing a
+    /// big lake; the index is built only if a later [`Auditor::push`] or
+    /// [`Auditor::push_all`] needs it. Events that do share an id are
+    /// then all kept. Returns how many events were added (all of them).
+    pub fn push_all_unique<'e, I>(&mut self, events: I) -> usize
+    where
+        I: IntoIterator<Item = &'e LeaseEvent<'e>>,
+    {
+        self.push_many(events, Ids::Unique)
+    }
+
+    /// Builds the `event_id` index now for ids that
+    /// [`Auditor::push_all_unique`] added without it, so that the next
+    /// checked push (on this auditor or on each of its clones) does not.
+    pub fn index_event_ids(&mut self) {
+        self.ids.index_appended();
+    }
+
+    fn push_many<'e, I>(&mut self, events: I, ids: Ids) -> usize
+    where
+        I: IntoIterator<Item = &'e LeaseEvent<'e>>,
+    {
         const AHEAD: usize = 8;
         let mut ring: [Option<(&LeaseEvent<'_>, Hashes)>; AHEAD] = [None; AHEAD];
         let (mut added, mut n) = (0, 0);
         for event in events {
-            let hashes = self.prepare(event);
+            let hashes = self.prepare(event, ids);
             if let Some((old, h)) = ring[n % AHEAD].replace((event, hashes)) {
-                added += usize::from(self.push_prepared(old, h));
+                added += usize::from(self.push_prepared(old, h, ids));
             }
             n += 1;
         }
         // The oldest entry left follows the last one written.
         for k in 0..AHEAD {
             if let Some((event, h)) = ring[(n + k) % AHEAD].take() {
-                added += usize::from(self.push_prepared(event, h));
+                added += usize::from(self.push_prepared(event, h, ids));
             }
         }
         added
@@ -151,18 +196,21 @@ impl Auditor {
     /// Hashes the event's strings and asks for the table slots their
     /// lookups will read: three lookups at random places in memory, started
     /// together and used later.
-    fn prepare(&self, event: &LeaseEvent<'_>) -> Hashes {
-        let id = event.event_id.as_deref().map(|id| {
-            let hash = self.ids.hash(id);
-            self.ids.prefetch(hash);
-            hash
-        });
+    fn prepare(&self, event: &LeaseEvent<'_>, ids: Ids) -> Hashes {
+        let id = match ids {
+            Ids::Unique => None,
+            Ids::Check => event.event_id.as_deref().map(|id| {
+                let hash = self.ids.hash(id);
+                self.ids.prefetch(hash);
+                hash
+            }),
+        };
         let lease = self.leases.prepare(&event.lease_id);
         let holder = event.holder_id.as_deref().map(|h| self.strings.prepare(h));
         Hashes { id, lease, holder }
     }
 
-    fn push_prepared(&mut self, event: &LeaseEvent<'_>, hashes: Hashes) -> bool {
+    fn push_prepared(&mut self, event: &LeaseEvent<'_>, hashes: Hashes, ids: Ids) -> bool {
         let (lease, new_lease) = self.leases.intern_hashed(&event.lease_id, hashes.lease);
         if new_lease {
             self.states
@@ -173,6 +221,13 @@ impl Auditor {
             _ => NONE,
         };
         let mut ev = Ev::new(event, lease, holder, &mut self.strings, NONE);
+        if let (Ids::Unique, Some(id)) = (ids, event.event_id.as_deref()) {
+            let fingerprint = ev.fingerprint(self.strings.hasher());
+            ev.event_id = self.ids.append_unindexed(id);
+            self.id_info.push(IdInfo { lease, fingerprint });
+            self.append(ev);
+            return true;
+        }
         let (Some(id), Some(id_hash)) = (event.event_id.as_deref(), hashes.id) else {
             self.append(ev);
             return true;
@@ -277,8 +332,14 @@ impl Auditor {
     /// Recomputes every lease whose events changed.
     fn refresh(&mut self) {
         self.file_log();
-        for lease in std::mem::take(&mut self.dirty) {
-            self.recompute(lease);
+        let dirty = std::mem::take(&mut self.dirty);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if dirty.len() >= PARALLEL_MIN_LEASES && threads > 1 {
+            self.recompute_parallel(threads);
+        } else {
+            for lease in dirty {
+                self.recompute(lease);
+            }
         }
         if self.sorted.len() != self.states.len() {
             self.sorted = (0..self.states.len() as Sym).collect();
@@ -286,6 +347,30 @@ impl Auditor {
             self.sorted
                 .sort_unstable_by(|&a, &b| states[a as usize].id.cmp(&states[b as usize].id));
         }
+    }
+
+    /// Leases share nothing but the read-only string tables, so a big
+    /// refresh (a lake audited from scratch) uses every core: workers take
+    /// runs of leases from a shared cursor until none are left.
+    fn recompute_parallel(&mut self, threads: usize) {
+        let (strings, ids, tol) = (&self.strings, &self.ids, self.tol);
+        let runs = std::sync::Mutex::new(self.states.chunks_mut(PARALLEL_RUN_LEASES));
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    let mut scratch = Scratch::default();
+                    loop {
+                        let Some(run) = runs.lock().unwrap_or_else(|e| e.into_inner()).next()
+                        else {
+                            break;
+                        };
+                        for state in run.iter_mut().filter(|s| s.dirty) {
+                            state.recompute(strings, ids, tol, &mut scratch);
+                        }
+                    }
+                });
+            }
+        });
     }
 
     fn recompute(&mut self, lease: Sym) {

@@ -32,6 +32,9 @@ pub(crate) struct StrTable {
     arena: String,
     /// End offset of each symbol's string in `arena`.
     ends: Vec<usize>,
+    /// Symbols below this are in `slots`; those above were appended
+    /// unindexed and are indexed before the next lookup.
+    indexed: usize,
     hasher: DefaultHashBuilder,
 }
 
@@ -43,6 +46,7 @@ impl Default for StrTable {
             bits: BITS,
             arena: String::new(),
             ends: Vec::new(),
+            indexed: 0,
             hasher: DefaultHashBuilder::default(),
         }
     }
@@ -99,13 +103,23 @@ impl StrTable {
         }
     }
 
+    /// Only strings interned with [`StrTable::intern_hashed`] are found
+    /// until [`StrTable::index_appended`] runs.
     pub fn find(&self, s: &str) -> Option<Sym> {
         self.probe(s, self.hash(s)).ok()
+    }
+
+    fn next_sym(&self) -> Sym {
+        Sym::try_from(self.ends.len())
+            .ok()
+            .filter(|&s| s != NONE)
+            .expect("more than 4 billion distinct strings")
     }
 
     /// The symbol of `s` (whose hash is `hash`), and whether it is new.
     #[inline]
     pub fn intern_hashed(&mut self, s: &str, hash: u64) -> (Sym, bool) {
+        self.index_appended();
         if (self.ends.len() + 1) * 2 > self.slots.len() {
             self.grow();
         }
@@ -113,14 +127,39 @@ impl StrTable {
             Ok(sym) => return (sym, false),
             Err(i) => i,
         };
-        let sym = Sym::try_from(self.ends.len())
-            .ok()
-            .filter(|&s| s != NONE)
-            .expect("more than 4 billion distinct strings");
+        let sym = self.next_sym();
         self.slots[empty] = ((hash >> 32) << 32) | u64::from(sym);
         self.arena.push_str(s);
         self.ends.push(self.arena.len());
+        self.indexed = self.ends.len();
         (sym, true)
+    }
+
+    /// Adds `s` as a new symbol without looking it up or indexing it: the
+    /// caller knows it is not in the table. Appending is sequential; the
+    /// random-access index is built only if a lookup ever needs it.
+    #[inline]
+    pub fn append_unindexed(&mut self, s: &str) -> Sym {
+        let sym = self.next_sym();
+        self.arena.push_str(s);
+        self.ends.push(self.arena.len());
+        sym
+    }
+
+    /// Indexes the strings appended unindexed, so lookups find them. A
+    /// string that was appended twice is found as its first symbol.
+    pub fn index_appended(&mut self) {
+        while self.indexed < self.ends.len() {
+            if (self.indexed + 1) * 2 > self.slots.len() {
+                self.grow();
+            }
+            let sym = self.indexed as Sym;
+            let hash = self.hash(self.get(sym));
+            if let Err(empty) = self.probe(self.get(sym), hash) {
+                self.slots[empty] = ((hash >> 32) << 32) | u64::from(sym);
+            }
+            self.indexed += 1;
+        }
     }
 
     #[cold]

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use common::{audit_events, Lcg};
 use std::collections::BTreeSet;
 
-use leaseline_audit::{AuditConfig, EndKind, ViolationKind};
+use leaseline_audit::{AuditConfig, Auditor, EndKind, ViolationKind};
 use leaseline_schema::{Kind, LeaseEvent, Source};
 
 const T0: i64 = 1_789_380_000_000_000;
@@ -71,4 +71,82 @@ fn random_histories_answer_the_same_in_any_order() {
     // The histories are chaotic enough to exercise every rule.
     assert_eq!(kinds, ViolationKind::ALL.into_iter().collect());
     assert_eq!(ends, EndKind::ALL.into_iter().collect());
+}
+
+/// A read with thousands of leases to recompute spreads them over every
+/// core; the answer must be the one lease-by-lease recomputes give.
+#[test]
+fn a_big_refresh_on_all_cores_answers_as_small_ones_do() {
+    let mut history = Vec::new();
+    for seed in 0..1500u64 {
+        history.extend(random_history(seed, 40).into_iter().map(|mut e| {
+            e.lease_id = Cow::Owned(format!("s{seed}-{}", e.lease_id));
+            e.event_id = e.event_id.map(|id| Cow::Owned(format!("s{seed}-{id}")));
+            e
+        }));
+    }
+    let mut at_once = Auditor::default();
+    at_once.push_all(&history);
+    let (timeline, violations) = (at_once.timeline(), at_once.violations());
+    // 4,500 leases at once: the parallel path.
+    assert!(at_once.lease_ids().len() > 4000);
+
+    let mut piecemeal = Auditor::default();
+    for chunk in history.chunks(500) {
+        piecemeal.push_all(chunk);
+        // At most 500 leases dirty per read: recomputed one by one.
+        piecemeal.violations();
+    }
+    assert_eq!(piecemeal.timeline(), timeline);
+    assert_eq!(piecemeal.violations(), violations);
+    assert!(!violations.is_empty());
+}
+
+/// The lake's events have distinct ids, so SQL pushes them without the
+/// duplicate lookup; the answers must be the checked path's, and a later
+/// checked push must still see the ids pushed unchecked.
+#[test]
+fn events_pushed_as_unique_answer_as_checked_ones_do() {
+    let mut history = Vec::new();
+    for seed in 0..200u64 {
+        history.extend(
+            random_history(seed, 60)
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut e)| {
+                    e.lease_id = Cow::Owned(format!("s{seed}-{}", e.lease_id));
+                    // Distinct ids, some events without one.
+                    e.event_id = (i % 7 != 0).then(|| Cow::Owned(format!("s{seed}-{i}")));
+                    e
+                }),
+        );
+    }
+    let (lake, late) = history.split_at(history.len() - 100);
+    let mut checked = Auditor::default();
+    assert_eq!(checked.push_all(lake), lake.len());
+    let mut unique = Auditor::default();
+    assert_eq!(unique.push_all_unique(lake), lake.len());
+    assert_eq!(unique.timeline(), checked.timeline());
+    assert_eq!(unique.violations(), checked.violations());
+    assert!(!checked.violations().is_empty());
+
+    // Re-sent lake events are duplicates for a checked push, on a clone
+    // whose index was built ahead and on one that builds it itself.
+    let mut indexed = unique.clone();
+    indexed.index_event_ids();
+    // (Events without an id are never duplicates.)
+    let resent: Vec<_> = lake
+        .iter()
+        .filter(|e| e.event_id.is_some())
+        .take(500)
+        .cloned()
+        .collect();
+    for auditor in [&mut unique, &mut indexed] {
+        assert_eq!(auditor.push_all(&resent), 0);
+        assert_eq!(auditor.push_all(late), late.len());
+        assert_eq!(auditor.len(), history.len());
+    }
+    checked.push_all(late);
+    assert_eq!(unique.timeline(), checked.timeline());
+    assert_eq!(indexed.violations(), checked.violations());
 }
