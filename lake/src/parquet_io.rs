@@ -6,7 +6,7 @@ use arrow::compute::{concat_batches, lexsort_to_indices, take_record_batch, Sort
 use arrow::datatypes::TimestampMicrosecondType;
 use bytes::Bytes;
 use leaseline_schema::{EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
@@ -182,13 +182,19 @@ pub async fn read_columns(
     columns: &[&str],
 ) -> Result<Vec<RecordBatch>> {
     let bytes: Bytes = store.get(rel).await?;
+    Ok(column_reader(bytes, columns)?.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// The batches of `columns` in one file's bytes, decoded as they are
+/// pulled (CPU work: pull them off the async runtime). Lets a caller work
+/// on one batch while the next is decoded.
+pub fn column_reader(bytes: Bytes, columns: &[&str]) -> Result<ParquetRecordBatchReader> {
     let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
     let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
-    let reader = builder
+    Ok(builder
         .with_projection(mask)
         .with_batch_size(64 * 1024)
-        .build()?;
-    Ok(reader.collect::<Result<Vec<_>, _>>()?)
+        .build()?)
 }
 
 /// Concatenates batches of one table into one (empty if none).

@@ -24,7 +24,7 @@ use datafusion::error::DataFusionError;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 use leaseline_audit::{AuditConfig, Auditor, Grant, LeaseHolder, Violation};
-use leaseline_lake::{parquet_io, Lake, Manifest, Table};
+use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
 use leaseline_schema::{EventColumns, LeaseEvent};
 use tokio::sync::Mutex;
 
@@ -233,8 +233,11 @@ impl AuditCache {
         tokio::spawn(async move {
             cache.update(&lake, &m).await?;
             let mut auditor = {
-                let st = cache.state.lock().await;
+                let mut st = cache.state.lock().await;
                 if st.version == Some(m.version) {
+                    // Once per snapshot, not once per clone: the pending
+                    // rows are checked against the lake's ids.
+                    st.auditor.index_event_ids();
                     st.auditor.clone()
                 } else {
                     drop(st);
@@ -268,15 +271,13 @@ impl AuditCache {
                 .copied()
                 .filter(|f| !st.files.contains(*f))
                 .collect();
-            for f in fresh {
-                if let Err(e) = push_file(&mut st.auditor, lake, f).await {
-                    // Part of the file may be in; pushing it again would
-                    // count its id-less events twice.
-                    *st = CacheState::empty(self.config);
-                    return Err(e);
-                }
-                st.files.insert(f.to_string());
+            if let Err(e) = push_files(&mut st.auditor, lake, &fresh).await {
+                // Part of a file may be in; pushing it again would count
+                // its id-less events twice.
+                *st = CacheState::empty(self.config);
+                return Err(e);
             }
+            st.files.extend(fresh.iter().map(|f| f.to_string()));
             st.version = Some(m.version);
             let tables = Arc::new(derive(&mut st.auditor, m.version));
             st.tables = Some(tables.clone());
@@ -286,9 +287,7 @@ impl AuditCache {
             // Files were replaced (compaction): events without an
             // `event_id` would count twice if pushed again, so start over.
             let mut auditor = Auditor::new(self.config);
-            for f in &files {
-                push_file(&mut auditor, lake, f).await?;
-            }
+            push_files(&mut auditor, lake, &files).await?;
             let tables = Arc::new(derive(&mut auditor, m.version));
             *st = CacheState {
                 auditor,
@@ -302,9 +301,7 @@ impl AuditCache {
         // answer it on the side, leaving the cache as it is.
         drop(st);
         let mut auditor = Auditor::new(self.config);
-        for f in &files {
-            push_file(&mut auditor, lake, f).await?;
-        }
+        push_files(&mut auditor, lake, &files).await?;
         Ok(Arc::new(derive(&mut auditor, m.version)))
     }
 }
@@ -313,17 +310,64 @@ impl AuditCache {
 /// engine's own types (`leaseline check`) rather than tables.
 pub async fn audit_snapshot(lake: &Lake, m: &Manifest, config: AuditConfig) -> Result<Auditor> {
     let mut auditor = Auditor::new(config);
-    for f in m.files_of(Table::LeaseEvents) {
-        push_file(&mut auditor, lake, &f.path).await?;
-    }
+    let files: Vec<&str> = m
+        .files_of(Table::LeaseEvents)
+        .map(|f| f.path.as_str())
+        .collect();
+    push_files(&mut auditor, lake, &files).await?;
     Ok(auditor)
 }
 
-async fn push_file(auditor: &mut Auditor, lake: &Lake, path: &str) -> Result<()> {
-    for batch in parquet_io::read_columns(lake.store(), path, &AUDIT_COLUMNS).await? {
-        push_batch(auditor, &batch)?;
+/// Batches decoded ahead of the auditor: enough to keep it busy while the
+/// reader decodes the next, few enough to bound the memory in flight.
+const BATCHES_AHEAD: usize = 2;
+
+/// Pushes the events of `files`. Decoding Parquet and auditing each take
+/// a core, so a blocking thread reads the files batch by batch while this
+/// task pushes the batches already decoded.
+async fn push_files(auditor: &mut Auditor, lake: &Lake, files: &[&str]) -> Result<()> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(BATCHES_AHEAD);
+    let store = lake.store().clone();
+    let files: Vec<String> = files.iter().map(|f| f.to_string()).collect();
+    let reader = tokio::spawn(async move {
+        for f in files {
+            let bytes = match store.get(&f).await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
+                }
+            };
+            let tx = tx.clone();
+            // Stops when the auditor side hung up (it failed) or on error.
+            let go_on = tokio::task::spawn_blocking(move || {
+                let reader = match parquet_io::column_reader(bytes, &AUDIT_COLUMNS) {
+                    Ok(reader) => reader,
+                    Err(e) => return tx.blocking_send(Err(e.into())).map(|_| false),
+                };
+                for batch in reader {
+                    let failed = batch.is_err();
+                    tx.blocking_send(batch.map_err(|e| LakeError::from(e).into()))?;
+                    if failed {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            })
+            .await;
+            if !matches!(go_on, Ok(Ok(true))) {
+                return;
+            }
+        }
+    });
+    while let Some(batch) = rx.recv().await {
+        push_lake_batch(auditor, &batch?)?;
     }
-    Ok(())
+    // The channel closes when the reader is done or has sent its error;
+    // a reader that panicked is a bug to report, not an empty file.
+    reader
+        .await
+        .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))
 }
 
 /// Pushes the events of one `lease_events` batch.
@@ -333,6 +377,17 @@ pub fn push_batch(auditor: &mut Auditor, batch: &RecordBatch) -> Result<()> {
         .map(|i| cols.event(i))
         .collect::<Result<_, _>>()?;
     auditor.push_all(&events);
+    Ok(())
+}
+
+/// Pushes a batch of a lake file. Ingest keeps one row per `event_id`
+/// across the whole table, so the ids need no duplicate lookup.
+fn push_lake_batch(auditor: &mut Auditor, batch: &RecordBatch) -> Result<()> {
+    let cols = EventColumns::new(batch)?;
+    let events: Vec<LeaseEvent<'_>> = (0..cols.len())
+        .map(|i| cols.event(i))
+        .collect::<Result<_, _>>()?;
+    auditor.push_all_unique(&events);
     Ok(())
 }
 
