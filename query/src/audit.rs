@@ -128,13 +128,13 @@ static HOLDERS_SCHEMA: std::sync::LazyLock<SchemaRef> = std::sync::LazyLock::new
 pub struct AuditTables {
     /// The manifest version they answer for.
     pub version: u64,
-    pub timeline: RecordBatch,
-    pub violations: RecordBatch,
-    pub holders: RecordBatch,
+    pub timeline: Vec<RecordBatch>,
+    pub violations: Vec<RecordBatch>,
+    pub holders: Vec<RecordBatch>,
 }
 
 impl AuditTables {
-    pub fn get(&self, view: AuditView) -> &RecordBatch {
+    pub fn get(&self, view: AuditView) -> &[RecordBatch] {
         match view {
             AuditView::Timeline => &self.timeline,
             AuditView::Violations => &self.violations,
@@ -395,10 +395,24 @@ fn push_lake_batch(auditor: &mut Auditor, batch: &RecordBatch) -> Result<()> {
 pub fn derive(auditor: &mut Auditor, version: u64) -> AuditTables {
     AuditTables {
         version,
-        timeline: timeline_batch(&auditor.timeline()),
-        violations: violations_batch(&auditor.violations()),
-        holders: holders_batch(&auditor.holders()),
+        timeline: in_batches(&auditor.timeline(), timeline_batch),
+        violations: in_batches(&auditor.violations(), violations_batch),
+        holders: in_batches(&auditor.holders(), holders_batch),
     }
+}
+
+/// Rows per batch of a derived table. One batch of a whole big table made
+/// DataFusion reserve all of it at once when repartitioning, which failed
+/// under the default 1 GiB query limit on a 10-million-event lake.
+const DERIVED_BATCH_ROWS: usize = 8192;
+
+/// The table as batches of at most [`DERIVED_BATCH_ROWS`] rows (one empty
+/// batch for an empty table), in order.
+fn in_batches<T>(rows: &[T], batch: impl Fn(&[T]) -> RecordBatch) -> Vec<RecordBatch> {
+    if rows.is_empty() {
+        return vec![batch(rows)];
+    }
+    rows.chunks(DERIVED_BATCH_ROWS).map(batch).collect()
 }
 
 fn ts_col(b: TimestampMicrosecondBuilder) -> ArrayRef {
@@ -628,8 +642,10 @@ impl TableProvider for AuditTableProvider {
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         let tables = self.source.tables().await.map_err(crate::into_datafusion)?;
-        let batch = tables.get(self.view).clone();
-        let mem = MemTable::try_new(self.view.schema(), vec![vec![batch]])?;
+        // One partition keeps the rows in the engine's order for plans
+        // that do not repartition.
+        let batches = tables.get(self.view).to_vec();
+        let mem = MemTable::try_new(self.view.schema(), vec![batches])?;
         mem.scan(state, projection, filters, limit).await
     }
 }
