@@ -372,22 +372,22 @@ async fn push_files(auditor: &mut Auditor, lake: &Lake, files: &[&str]) -> Resul
 
 /// Pushes the events of one `lease_events` batch.
 pub fn push_batch(auditor: &mut Auditor, batch: &RecordBatch) -> Result<()> {
-    let cols = EventColumns::new(batch)?;
-    let events: Vec<LeaseEvent<'_>> = (0..cols.len())
-        .map(|i| cols.event(i))
-        .collect::<Result<_, _>>()?;
-    auditor.push_all(&events);
-    Ok(())
+    with_events(batch, |events| auditor.push_all(events))
 }
 
 /// Pushes a batch of a lake file. Ingest keeps one row per `event_id`
 /// across the whole table, so the ids need no duplicate lookup.
 fn push_lake_batch(auditor: &mut Auditor, batch: &RecordBatch) -> Result<()> {
+    with_events(batch, |events| auditor.push_all_unique(events))
+}
+
+/// Runs `push` on the batch's rows as events (they borrow the batch).
+fn with_events(batch: &RecordBatch, push: impl FnOnce(&[LeaseEvent<'_>]) -> usize) -> Result<()> {
     let cols = EventColumns::new(batch)?;
     let events: Vec<LeaseEvent<'_>> = (0..cols.len())
         .map(|i| cols.event(i))
         .collect::<Result<_, _>>()?;
-    auditor.push_all_unique(&events);
+    push(&events);
     Ok(())
 }
 
