@@ -124,27 +124,65 @@ fn thread_cpu_ns() -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
-/// Runs `f` (one pass over `events` events) for about `secs` seconds of wall
-/// time and prints events per second of this thread's CPU time.
-fn per_cpu_second(name: &str, events: usize, secs: f64, mut f: impl FnMut()) {
+/// Events per CPU-second of one pass function run for about `secs` of wall
+/// time, or `None` where CPU time cannot be read.
+fn per_cpu_second(events: usize, secs: f64, f: &mut dyn FnMut()) -> Option<f64> {
     f(); // warm up
-    let (Some(cpu0), wall0) = (thread_cpu_ns(), std::time::Instant::now()) else {
-        return;
-    };
+    let (cpu0, wall0) = (thread_cpu_ns()?, std::time::Instant::now());
     let mut passes = 0u64;
     while wall0.elapsed().as_secs_f64() < secs {
         f();
         passes += 1;
     }
-    let cpu = (thread_cpu_ns().unwrap() - cpu0) as f64 / 1e9;
-    let wall = wall0.elapsed().as_secs_f64();
-    let n = (passes * events as u64) as f64;
-    eprintln!(
-        "cpu-time throughput: {name}: {:.0} events per CPU-second ({:.0} per wall second, {:.0}% of a core)",
-        n / cpu,
-        n / wall,
-        100.0 * cpu / wall
-    );
+    let cpu = (thread_cpu_ns()? - cpu0) as f64 / 1e9;
+    Some((passes * events as u64) as f64 / cpu)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Runs the variants in turn, `rounds` times over, and prints each one's
+/// median events per CPU-second and its median ratio to the last variant
+/// (the baseline). Interleaving puts every variant through the same spells
+/// of a noisy host, so the ratios hold better than the absolute figures.
+fn interleaved(events: usize, rounds: usize, secs: f64, variants: &mut [(&str, &mut dyn FnMut())]) {
+    let mut rates = vec![Vec::new(); variants.len()];
+    for round in 0..rounds {
+        for (i, (name, f)) in variants.iter_mut().enumerate() {
+            // For profiling one variant alone: LEASELINE_BENCH_ONLY=<part of its name>.
+            if std::env::var("LEASELINE_BENCH_ONLY").is_ok_and(|only| !name.contains(&only)) {
+                continue;
+            }
+            let Some(r) = per_cpu_second(events, secs, *f) else {
+                return;
+            };
+            eprintln!(
+                "cpu-time round {}: {name}: {r:.0} events per CPU-second",
+                round + 1
+            );
+            rates[i].push(r);
+        }
+    }
+    let Some(base) = rates.last().filter(|b| !b.is_empty()).cloned() else {
+        return;
+    };
+    for ((name, _), r) in variants.iter().zip(&rates) {
+        let ratios: Vec<f64> = r.iter().zip(&base).map(|(a, b)| a / b).collect();
+        eprintln!(
+            "cpu-time median over {rounds} rounds: {name}: {:.0} events per CPU-second, {:.2}x the baseline (min {:.0}, max {:.0})",
+            median(r.clone()),
+            median(ratios),
+            r.iter().copied().fold(f64::INFINITY, f64::min),
+            r.iter().copied().fold(0.0, f64::max),
+        );
+    }
 }
 
 fn bench(c: &mut Criterion) {
@@ -169,29 +207,46 @@ fn bench(c: &mut Criterion) {
     };
 
     {
-        let secs: f64 = std::env::var("LEASELINE_BENCH_CPU_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(4.0);
+        let env = |name: &str, default: f64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(default)
+        };
+        let secs = env("LEASELINE_BENCH_CPU_SECS", 1.0);
+        let rounds = env("LEASELINE_BENCH_ROUNDS", 7.0) as usize;
         let mut builder = EventBatchBuilder::new();
-        per_cpu_second("decode + EventBatchBuilder", lines.len(), secs, || {
+        let mut to_arrow = || {
             for l in &lines {
                 let e = decode(black_box(l.as_bytes())).unwrap();
                 builder.append(&e, &origin, 0);
             }
             black_box(builder.finish());
-        });
-        per_cpu_second("decode only", lines.len(), secs, || {
+        };
+        let mut decode_only = || {
             for l in &lines {
                 black_box(decode(black_box(l.as_bytes())).unwrap());
             }
-        });
-        per_cpu_second("serde_json::Value parse", lines.len(), secs, || {
+        };
+        let mut value_parse = || {
             for l in &lines {
                 let v: serde_json::Value = serde_json::from_slice(black_box(l.as_bytes())).unwrap();
                 black_box(v);
             }
-        });
+        };
+        interleaved(
+            lines.len(),
+            rounds,
+            secs,
+            &mut [
+                ("decode + EventBatchBuilder", &mut to_arrow),
+                ("decode only", &mut decode_only),
+                ("serde_json::Value parse (baseline)", &mut value_parse),
+            ],
+        );
+        if std::env::var_os("LEASELINE_BENCH_CPU_ONLY").is_some() {
+            return;
+        }
     }
 
     let mut g = c.benchmark_group("Decode to Arrow");

@@ -185,6 +185,8 @@ pub struct EventBatchBuilder {
     attrs: StringBuilder,
     origin: OriginBuilder,
     rows: usize,
+    /// Reused for each event's attrs JSON, so appending allocates nothing.
+    attrs_scratch: Vec<u8>,
 }
 
 impl EventBatchBuilder {
@@ -219,7 +221,15 @@ impl EventBatchBuilder {
         self.deadline_mono_ms.append_option(e.deadline_mono_ms);
         self.trace_id.append_option(e.trace_id.as_deref());
         self.span_id.append_option(e.span_id.as_deref());
-        self.attrs.append_option(e.attrs_json());
+        if e.attrs.is_empty() {
+            self.attrs.append_null();
+        } else {
+            self.attrs_scratch.clear();
+            e.write_attrs_json(&mut self.attrs_scratch);
+            self.attrs.append_value(
+                std::str::from_utf8(&self.attrs_scratch).expect("serde_json writes UTF-8"),
+            );
+        }
         self.origin.append(origin, ingested_at_us);
         self.rows += 1;
     }

@@ -185,31 +185,40 @@ impl LeaseEvent<'_> {
         if self.attrs.is_empty() {
             return None;
         }
+        let mut out = Vec::new();
+        self.write_attrs_json(&mut out);
+        Some(String::from_utf8(out).expect("serde_json writes UTF-8"))
+    }
+
+    /// Appends [`LeaseEvent::attrs_json`] to `out` (nothing when there are
+    /// no attrs), for writers that reuse one buffer.
+    pub fn write_attrs_json(&self, out: &mut Vec<u8>) {
+        if self.attrs.is_empty() {
+            return;
+        }
         // Decoded events hold attrs sorted by key with unique keys, so the
         // object can be written straight out, in the same order and with the
         // same escaping as the map below (which sorts, and keeps the last of
         // a repeated key) produces for any other event.
         if self.attrs.windows(2).all(|w| w[0].0 < w[1].0) {
-            let len: usize = self.attrs.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
-            let mut out = Vec::with_capacity(len + 2);
             out.push(b'{');
             for (i, (k, v)) in self.attrs.iter().enumerate() {
                 if i > 0 {
                     out.push(b',');
                 }
-                serde_json::to_writer(&mut out, k.as_ref()).expect("writing to a Vec");
+                serde_json::to_writer(&mut *out, k.as_ref()).expect("writing to a Vec");
                 out.push(b':');
-                serde_json::to_writer(&mut out, v.as_ref()).expect("writing to a Vec");
+                serde_json::to_writer(&mut *out, v.as_ref()).expect("writing to a Vec");
             }
             out.push(b'}');
-            return Some(String::from_utf8(out).expect("serde_json writes UTF-8"));
+            return;
         }
         let map: serde_json::Map<String, serde_json::Value> = self
             .attrs
             .iter()
             .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
             .collect();
-        Some(serde_json::Value::Object(map).to_string())
+        serde_json::to_writer(out, &serde_json::Value::Object(map)).expect("writing to a Vec");
     }
 }
 

@@ -22,6 +22,9 @@ pub use crate::arrow::{
     EventBatchBuilder, RejectBatchBuilder, ALERTS_SCHEMA, EVENTS_SCHEMA, REJECTS_SCHEMA,
     SCHEMA_VERSION, SCHEMA_VERSION_KEY,
 };
-pub use crate::decode::{decode, decode_str, DecodeError, Field, RejectReason, MAX_ID_BYTES};
+pub use crate::decode::{
+    decode, decode_str, decode_str_by_serde, decode_str_fast_only, DecodeError, Field,
+    RejectReason, MAX_ID_BYTES,
+};
 pub use crate::event::{Kind, LeaseEvent, Origin, Source};
 pub use crate::read::{EventColumns, ReadError};

@@ -9,8 +9,8 @@ use std::borrow::Cow;
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Float64Type, Int64Type, TimestampMicrosecondType, UInt64Type};
 use leaseline_schema::{
-    decode, DecodeError, EventBatchBuilder, Kind, LeaseEvent, Origin, RejectBatchBuilder, Source,
-    EVENTS_SCHEMA, MAX_ID_BYTES, REJECTS_SCHEMA,
+    decode, decode_str_by_serde, decode_str_fast_only, DecodeError, EventBatchBuilder, Kind,
+    LeaseEvent, Origin, RejectBatchBuilder, Source, EVENTS_SCHEMA, MAX_ID_BYTES, REJECTS_SCHEMA,
 };
 
 const ORIGIN: Origin<'static> = Origin::File {
@@ -22,6 +22,7 @@ const ORIGIN: Origin<'static> = Origin::File {
 /// a valid event obeys the contract, survives Arrow and a JSON re-encoding;
 /// a refusal lands in a reject batch byte for byte.
 pub fn check(data: &[u8]) {
+    check_fast_path(data);
     match decode(data) {
         Ok(e) => {
             check_contract(&e);
@@ -36,6 +37,26 @@ pub fn check(data: &[u8]) {
             assert_eq!(decode(data).unwrap_err(), err);
         }
     }
+}
+
+/// The fast path answers exactly as the serde walk does wherever it answers
+/// at all, and `decode` is the serde walk's answer either way.
+pub fn check_fast_path(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let by_serde = decode_str_by_serde(text);
+    if let Some(fast) = decode_str_fast_only(text) {
+        assert_eq!(
+            fast, by_serde,
+            "fast path and serde walk differ on {text:?}"
+        );
+    }
+    assert_eq!(
+        decode(data),
+        by_serde,
+        "decode and serde walk differ on {text:?}"
+    );
 }
 
 /// The contract's validity rules, restated over the typed event.
