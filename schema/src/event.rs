@@ -54,7 +54,24 @@ impl Kind {
     }
 
     pub fn parse(s: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+        // A match rather than a search of ALL: one length dispatch instead of
+        // up to twelve compares per event. `kind_parse_inverts_as_str` keeps
+        // the two in step.
+        Some(match s {
+            "acquire_requested" => Kind::AcquireRequested,
+            "acquired" => Kind::Acquired,
+            "acquire_failed" => Kind::AcquireFailed,
+            "renewed" => Kind::Renewed,
+            "renew_failed" => Kind::RenewFailed,
+            "drain_started" => Kind::DrainStarted,
+            "fenced" => Kind::Fenced,
+            "released" => Kind::Released,
+            "expired" => Kind::Expired,
+            "revoked" => Kind::Revoked,
+            "write_accepted" => Kind::WriteAccepted,
+            "stale_write_rejected" => Kind::StaleWriteRejected,
+            _ => return None,
+        })
     }
 
     /// Kinds on which the contract requires `fencing_token`.
@@ -235,4 +252,22 @@ pub enum Origin<'a> {
         /// 1-based line number.
         line: u64,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Kind, Source};
+
+    #[test]
+    fn kind_parse_inverts_as_str() {
+        for k in Kind::ALL {
+            assert_eq!(Kind::parse(k.as_str()), Some(k));
+        }
+        for s in Source::ALL {
+            assert_eq!(Source::parse(s.as_str()), Some(s));
+        }
+        for odd in ["", "Acquired", "acquired ", "lease", "acquire"] {
+            assert_eq!(Kind::parse(odd), None, "{odd:?}");
+        }
+    }
 }

@@ -116,6 +116,10 @@ fn numbers_at_the_fast_paths_limits_match_the_serde_walk() {
         ".5",
         "1.5.",
         "0.000000000000001",
+        // Found by the fuzzer: 19 integer digits, then a fraction, overflowed.
+        "1234567890123456789.5",
+        "5555555555555555555.55555555555555555555",
+        "99999999999999999999.9",
     ];
     for n in numbers {
         for field in [

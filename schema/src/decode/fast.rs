@@ -1,14 +1,16 @@
 //! The fast path: a scanner for the shape nearly every event has.
 //!
-//! It accepts a strict subset of JSON: one object whose keys and string
-//! values have no escapes, whose numbers are non-negative, without an
-//! exponent and with at most 19 integer digits or 15 significant digits in
-//! all, whose `attrs` is `null` or an object of such strings, and whose
-//! other values are `true`, `false` or `null`. Any other input, including
-//! every syntax error, makes [`scan`] answer `None` and the caller parse it
-//! again with serde, so this scanner never has to decide what is invalid,
-//! only what is plainly valid. Within the subset it files exactly what the
-//! serde walk files (the differential tests and the fuzz target check this).
+//! It accepts a strict subset of JSON: one object, with no backslash and no
+//! control character anywhere (so no escapes, and no whitespace but spaces),
+//! whose numbers are non-negative, without an exponent and with at most 19
+//! integer digits or 15 significant digits in all, whose `attrs` is `null`
+//! or an object of strings, and whose other values are strings, `true`,
+//! `false` or `null`. Any other input, including every syntax error, makes
+//! [`scan`] answer `None` and the caller parse it again with serde, so this
+//! scanner never has to decide what is invalid, only what is plainly valid.
+//! Within the subset it files exactly what the serde walk files (the
+//! differential tests in `schema/tests/fast_path.rs` and the fuzz target
+//! check this on every input).
 
 use std::borrow::Cow;
 
@@ -17,20 +19,27 @@ use super::{Attrs, Field, RawEvent, Scalar};
 /// Fills `raw` from `text` if all of `text` is in the subset; `None`
 /// otherwise, with `raw` left half-filled for the caller to drop.
 pub(super) fn scan<'a>(text: &'a str, raw: &mut RawEvent<'a>) -> Option<()> {
+    // One pass up front (vectorised: no early exit) rules out escapes and
+    // control characters anywhere, so that a string's end is simply the
+    // next quote. Compact producers send neither; whitespace other than
+    // spaces (pretty-printed JSON) goes the serde way with them.
+    if has_escape_or_control(text.as_bytes()) {
+        return None;
+    }
     let mut s = Scanner { text, at: 0 };
     s.ws();
     s.eat(b'{')?;
     s.ws();
     if !s.eat_if(b'}') {
         loop {
-            let key = s.string()?;
+            let key = s.key()?;
             s.ws();
             s.eat(b':')?;
             s.ws();
-            match Field::from_key(key) {
-                Some(Field::Attrs) => raw.put_attrs(s.attrs()?),
-                Some(field) => raw.put(field, s.scalar()?.0),
-                None => {
+            match key {
+                Ok(Field::Attrs) => raw.put_attrs(s.attrs()?),
+                Ok(field) => raw.put(field, s.scalar()?),
+                Err(key) => {
                     let start = s.at;
                     s.scalar()?;
                     raw.put_unknown(Cow::Borrowed(key), &text[start..s.at]);
@@ -85,45 +94,45 @@ impl<'a> Scanner<'a> {
         (self.text.as_bytes().get(self.at..end)? == word.as_bytes()).then(|| self.at = end)
     }
 
-    /// A string without escapes; its text between the quotes.
+    /// A key: the contract field it names, or else its text.
+    #[inline(always)]
+    fn key(&mut self) -> Option<Result<Field, &'a str>> {
+        // Contract keys are matched in place, name and closing quote, rather
+        // than scanned for their end and then looked up: keys are most of
+        // an event's strings, and this is several times cheaper.
+        let bytes = self.text.as_bytes();
+        if bytes.get(self.at) != Some(&b'"') {
+            return None;
+        }
+        let after_quote = self.at + 1;
+        let first = bytes.get(after_quote).copied().unwrap_or(b'"');
+        for &field in fields_starting_with(first) {
+            let name = field.as_str().as_bytes();
+            let end = after_quote + name.len();
+            if bytes.get(end) == Some(&b'"') && same_bytes(&bytes[after_quote..end], name) {
+                self.at = end + 1;
+                return Some(Ok(field));
+            }
+        }
+        Some(Err(self.string()?))
+    }
+
+    /// A string; its text between the quotes. [`scan`] has made sure the
+    /// text holds no escapes and no control characters.
+    #[inline(always)]
     fn string(&mut self) -> Option<&'a str> {
         let bytes = self.text.as_bytes();
         if bytes.get(self.at) != Some(&b'"') {
             return None;
         }
         let start = self.at + 1;
-        let mut i = start;
-        // Eight bytes at a time up to the first that ends the string or
-        // cannot be in one here: `"`, `\` or a control character.
-        while let Some(chunk) = bytes.get(i..i + 8) {
-            let hits = specials(u64::from_le_bytes(chunk.try_into().expect("eight bytes")));
-            if hits != 0 {
-                i += (hits.trailing_zeros() / 8) as usize;
-                return self.string_end(start, i);
-            }
-            i += 8;
-        }
-        while let Some(&c) = bytes.get(i) {
-            if c == b'"' || c == b'\\' || c < 0x20 {
-                break;
-            }
-            i += 1;
-        }
-        self.string_end(start, i)
-    }
-
-    /// Ends a string whose first special byte is at `i`: a closing quote,
-    /// or an escape or raw control character, which the serde walk
-    /// unescapes or refuses.
-    fn string_end(&mut self, start: usize, i: usize) -> Option<&'a str> {
-        if self.text.as_bytes().get(i) != Some(&b'"') {
-            return None;
-        }
-        self.at = i + 1;
-        Some(&self.text[start..i])
+        let end = start + memchr::memchr(b'"', bytes.get(start..)?)?;
+        self.at = end + 1;
+        Some(&self.text[start..end])
     }
 
     /// A non-negative number within the limits above.
+    #[inline(always)]
     fn number(&mut self) -> Option<Scalar<'a>> {
         let bytes = self.text.as_bytes();
         let start = self.at;
@@ -147,7 +156,7 @@ impl<'a> Scanner<'a> {
                 let frac_start = self.at;
                 while let Some(d @ b'0'..=b'9') = self.peek() {
                     // Fifteen digits stay below 2^53, exact as an f64.
-                    if int_digits + (self.at - frac_start) == 15 {
+                    if int_digits + (self.at - frac_start) >= 15 {
                         return None;
                     }
                     n = n * 10 + u64::from(d - b'0');
@@ -164,23 +173,23 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// Any value the subset has but an object or an array, and whether it
-    /// was a string.
-    fn scalar(&mut self) -> Option<(Scalar<'a>, bool)> {
+    /// Any value the subset has but an object or an array.
+    #[inline(always)]
+    fn scalar(&mut self) -> Option<Scalar<'a>> {
         Some(match self.peek()? {
-            b'"' => (Scalar::Str(Cow::Borrowed(self.string()?)), true),
-            b'0'..=b'9' => (self.number()?, false),
+            b'"' => Scalar::Str(Cow::Borrowed(self.string()?)),
+            b'0'..=b'9' => self.number()?,
             b't' => {
                 self.literal("true")?;
-                (Scalar::Bool, false)
+                Scalar::Bool
             }
             b'f' => {
                 self.literal("false")?;
-                (Scalar::Bool, false)
+                Scalar::Bool
             }
             b'n' => {
                 self.literal("null")?;
-                (Scalar::Null, false)
+                Scalar::Null
             }
             _ => return None,
         })
@@ -216,48 +225,101 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// The high bit of each of the eight (little-endian) bytes that is `"`, `\`
-/// or below 0x20, by the "some byte is below n" bit trick. A lane above a
-/// hit may be marked falsely (the borrow runs on), never one below the
-/// first hit, so the lowest mark is always the first special byte.
-fn specials(w: u64) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGH;
-    let quote = w ^ (ONES * u64::from(b'"'));
-    let backslash = w ^ (ONES * u64::from(b'\\'));
-    below(w, 0x20) | below(quote, 1) | below(backslash, 1)
+/// Whether any byte is `\\` or below 0x20. Written over fixed 16-byte
+/// arrays so that the compiler turns each step into a few SSE2 compares.
+fn has_escape_or_control(bytes: &[u8]) -> bool {
+    let odd = |c: u8| c < 0x20 || c == b'\\';
+    let mut chunks = bytes.chunks_exact(16);
+    for chunk in &mut chunks {
+        let chunk: &[u8; 16] = chunk.try_into().expect("16 bytes");
+        let mut seen = 0u8;
+        for &c in chunk {
+            seen |= u8::from(c < 0x20) | u8::from(c == b'\\');
+        }
+        if seen != 0 {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&c| odd(c))
+}
+
+/// The contract fields whose names start with `first`, for [`Scanner::key`].
+fn fields_starting_with(first: u8) -> &'static [Field] {
+    match first {
+        b'a' => &[Field::Attrs],
+        b'b' => &[Field::Backend],
+        b'd' => &[Field::DeadlineMonoMs],
+        b'e' => &[Field::EventId],
+        b'f' => &[Field::FencingToken],
+        b'h' => &[Field::HolderId],
+        b'k' => &[Field::Kind, Field::KeepaliveSentMonoMs],
+        b'l' => &[Field::LeaseId, Field::LatencyMs],
+        b'm' => &[Field::MonoMs, Field::MaxToken],
+        b'r' => &[Field::Reason],
+        b's' => &[Field::Source, Field::SpanId],
+        b't' => &[Field::Ts, Field::TtlMs, Field::TraceId],
+        _ => &[],
+    }
+}
+
+/// Slice equality without a call into `memcmp`, which costs more than the
+/// compare itself for names this short.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(true, |same, (x, y)| same & (x == y))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::specials;
+    use super::{fields_starting_with, scan, Scanner};
+    use crate::decode::{Field, RawEvent};
 
-    fn first_special(b: [u8; 8]) -> Option<usize> {
-        let hits = specials(u64::from_le_bytes(b));
-        (hits != 0).then(|| (hits.trailing_zeros() / 8) as usize)
+    #[test]
+    fn every_contract_key_is_matched_in_place_and_nothing_else() {
+        for f in Field::ALL {
+            let first = f.as_str().as_bytes()[0];
+            assert!(fields_starting_with(first).contains(&f), "{f}");
+            let text = format!("\"{f}\":1");
+            let mut s = Scanner { text: &text, at: 0 };
+            assert_eq!(s.key(), Some(Ok(f)));
+            assert_eq!(s.at, f.as_str().len() + 2);
+            // A longer or shorter key that starts the same is not the field.
+            for odd in [
+                format!("{f}x"),
+                f.as_str()[..f.as_str().len() - 1].to_string(),
+            ] {
+                let text = format!("\"{odd}\":1");
+                let mut s = Scanner { text: &text, at: 0 };
+                assert_eq!(s.key(), Some(Err(odd.as_str())));
+            }
+        }
+        for odd in ["\"\"", "\"tz\"", "\"Ts\"", "\"é\""] {
+            let mut s = Scanner { text: odd, at: 0 };
+            assert_eq!(s.key(), Some(Err(&odd[1..odd.len() - 1])), "{odd}");
+        }
+        // An unterminated key is the serde walk's.
+        for odd in ["\"ts", "\"t", "ts"] {
+            let mut s = Scanner { text: odd, at: 0 };
+            assert_eq!(s.key(), None, "{odd}");
+        }
     }
 
     #[test]
-    fn specials_marks_the_first_special_byte_in_every_lane() {
-        assert_eq!(first_special(*b"abcdefgh"), None);
-        assert_eq!(
-            first_special([0xc3, 0xa9, 0x7f, 0xff, b' ', b'!', b'#', b'[']),
-            None
-        );
-        for lane in 0..8 {
-            for special in (0u8..0x20).chain([b'"', b'\\']) {
-                // Specials after it must not move the first.
-                let mut b = *b"abcdefgh";
-                b[lane] = special;
-                for later in b.iter_mut().skip(lane + 1) {
-                    *later = [0u8, b'"', b'\\', 0x1f][lane % 4];
-                }
-                assert_eq!(first_special(b), Some(lane), "{special:#x} in lane {lane}");
-            }
-        }
-        for fine in (0x20u8..=0xff).filter(|c| *c != b'"' && *c != b'\\') {
-            assert_eq!(first_special([fine; 8]), None, "{fine:#x}");
+    fn escapes_and_control_characters_anywhere_go_the_serde_way() {
+        let plain = r#"{"lease_id":"a","pod":"b"}"#;
+        assert!(scan(plain, &mut RawEvent::default()).is_some());
+        for (at, odd) in [
+            (14, "\\n"),
+            (14, "\\\""),
+            (21, "\\u0041"),
+            (0, "\n"),
+            (0, "\t"),
+            (14, "\u{1}"),
+            (26, "\r\n"),
+        ] {
+            let mut text = plain.to_string();
+            text.insert_str(at, odd);
+            assert!(scan(&text, &mut RawEvent::default()).is_none(), "{text:?}");
         }
     }
 }
