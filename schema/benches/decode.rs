@@ -9,6 +9,14 @@
 //! a `serde_json::Value` as a baseline: what a plain JSON parse costs,
 //! without validation or columns.
 //!
+//! First, per CPU-second of the bench thread: the three variants take turns
+//! in short slices (`LEASELINE_BENCH_CPU_SECS`, default 0.2 s) for
+//! `LEASELINE_BENCH_ROUNDS` rounds (default 25), so that all of them see the
+//! same spells of a noisy host, and the medians and median ratios to the
+//! baseline are printed. `LEASELINE_BENCH_ONLY=<part of a name>` runs one
+//! variant alone (for profiling); `LEASELINE_BENCH_CPU_ONLY=1` skips the
+//! criterion groups that follow.
+//!
 //! Run: `cargo bench -p leaseline-schema --bench decode`.
 
 use std::hint::black_box;
@@ -213,8 +221,8 @@ fn bench(c: &mut Criterion) {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(default)
         };
-        let secs = env("LEASELINE_BENCH_CPU_SECS", 1.0);
-        let rounds = env("LEASELINE_BENCH_ROUNDS", 7.0) as usize;
+        let secs = env("LEASELINE_BENCH_CPU_SECS", 0.2);
+        let rounds = env("LEASELINE_BENCH_ROUNDS", 25.0) as usize;
         let mut builder = EventBatchBuilder::new();
         let mut to_arrow = || {
             for l in &lines {

@@ -120,30 +120,33 @@ struct Validity {
 }
 
 impl Validity {
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, valid: bool) {
-        if self.bits.is_empty() && valid {
-            self.rows += 1;
-        } else {
-            self.push_bit(valid);
-        }
-    }
-
-    fn push_bit(&mut self, valid: bool) {
         if self.bits.is_empty() {
-            // The first null: every row so far was valid.
-            self.bits = vec![0xff; self.rows / 8];
-            let partial = self.rows % 8;
-            if partial != 0 {
-                self.bits.push((1u8 << partial) - 1);
+            if valid {
+                self.rows += 1;
+                return;
             }
+            self.materialise();
         }
-        if self.rows / 8 == self.bits.len() {
+        // The bitmap holds exactly the bytes of the rows so far.
+        if self.rows.is_multiple_of(8) {
             self.bits.push(0);
         }
-        self.bits[self.rows / 8] |= u8::from(valid) << (self.rows % 8);
+        let last = self.bits.last_mut().expect("a byte for this row");
+        *last |= u8::from(valid) << (self.rows % 8);
         self.rows += 1;
         self.nulls += usize::from(!valid);
+    }
+
+    /// At the first null: a bitmap of the rows so far, all valid.
+    #[cold]
+    fn materialise(&mut self) {
+        self.bits = vec![0xff; self.rows / 8];
+        let partial = self.rows % 8;
+        if partial != 0 {
+            self.bits.push((1u8 << partial) - 1);
+        }
     }
 
     fn take(&mut self, keep: usize) -> Option<NullBuffer> {
@@ -177,7 +180,7 @@ impl Default for Strings {
 }
 
 impl Strings {
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, s: Option<&str>) {
         if let Some(s) = s {
             self.bytes.extend_from_slice(s.as_bytes());
@@ -220,7 +223,7 @@ impl<T: ArrowPrimitiveType> Default for Values<T> {
 }
 
 impl<T: ArrowPrimitiveType> Values<T> {
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, v: Option<T::Native>) {
         self.values.push(v.unwrap_or_default());
         self.validity.push(v.is_some());
