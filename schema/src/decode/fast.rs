@@ -19,10 +19,10 @@ use super::{Attrs, Field, RawEvent, Scalar};
 /// Fills `raw` from `text` if all of `text` is in the subset; `None`
 /// otherwise, with `raw` left half-filled for the caller to drop.
 pub(super) fn scan<'a>(text: &'a str, raw: &mut RawEvent<'a>) -> Option<()> {
-    // One pass up front (vectorised: no early exit) rules out escapes and
-    // control characters anywhere, so that a string's end is simply the
-    // next quote. Compact producers send neither; whitespace other than
-    // spaces (pretty-printed JSON) goes the serde way with them.
+    // One vectorised pass up front rules out escapes and control characters
+    // anywhere, so that a string's end is simply the next quote. Compact
+    // producers send neither; whitespace other than spaces (pretty-printed
+    // JSON) goes the serde way with them.
     if has_escape_or_control(text.as_bytes()) {
         return None;
     }
@@ -73,8 +73,9 @@ impl<'a> Scanner<'a> {
         self.text.as_bytes().get(self.at).copied()
     }
 
+    /// Spaces: the only whitespace left after the check in [`scan`].
     fn ws(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        while self.peek() == Some(b' ') {
             self.at += 1;
         }
     }
