@@ -311,29 +311,21 @@ async fn healthy_traffic_raises_no_alert_and_prometheus_scrapes_the_counters() {
     let prometheus = Prometheus::start(dir.path(), &target);
 
     // 100,000 events of normal handoffs and keepalive blips that recover.
-    let out = leaseline()
-        .args([
-            "simulate",
-            "--seed",
-            "7",
-            "--leases",
-            "100",
-            "--events",
-            "100000",
-            "--blip",
-            "0.005",
-            "--brokers",
-            &broker.addr,
-            "--topic",
-            "leases",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(leaseline().args([
+        "simulate",
+        "--seed",
+        "7",
+        "--leases",
+        "100",
+        "--events",
+        "100000",
+        "--blip",
+        "0.005",
+        "--brokers",
+        &broker.addr,
+        "--topic",
+        "leases",
+    ]));
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let produced = simulated_count(&stderr);
     assert!(produced >= 100_000, "{stderr}");

@@ -163,16 +163,11 @@ fn duckdb_reads_the_same_rows_before_and_after_compaction() {
         }
         seen
     });
-    let out = leaseline()
-        .args(["compact", "--lake"])
-        .arg(&lake)
-        .args(["--target-file-bytes", "64MiB"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        leaseline()
+            .args(["compact", "--lake"])
+            .arg(&lake)
+            .args(["--target-file-bytes", "64MiB"]),
     );
     let report = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(

@@ -13,18 +13,13 @@ use common::*;
 fn simulate(dir: &Path, name: &str, args: &[&str]) -> (std::path::PathBuf, BTreeSet<String>) {
     let events = dir.join(format!("{name}.ndjson"));
     let truth = dir.join(format!("{name}.truth.ndjson"));
-    let out = leaseline()
-        .args(["simulate", "--start", "2026-09-14T10:00:00Z", "--output"])
-        .arg(&events)
-        .arg("--truth")
-        .arg(&truth)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        leaseline()
+            .args(["simulate", "--start", "2026-09-14T10:00:00Z", "--output"])
+            .arg(&events)
+            .arg("--truth")
+            .arg(&truth)
+            .args(args),
     );
     let truth = std::fs::read_to_string(&truth)
         .unwrap()
@@ -112,16 +107,11 @@ fn import_records_the_alerts_history_would_have_raised_without_notifying() {
     assert!(stdout.contains("alerts would have fired"), "{stdout}");
     assert!(stdout.contains("nobody notified"), "{stdout}");
     let sql = |q: &str| {
-        let out = leaseline()
-            .args(["sql", "--lake"])
-            .arg(&lake)
-            .args([q, "--format", "csv"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = run_ok(
+            leaseline()
+                .args(["sql", "--lake"])
+                .arg(&lake)
+                .args([q, "--format", "csv"]),
         );
         String::from_utf8(out.stdout).unwrap()
     };
@@ -232,17 +222,12 @@ fn otlp_export_reaches_a_receiver() {
     let lake = dir.path().join("lake");
 
     // Traces: the import's flush spans, sent when the command exits.
-    let out = leaseline()
-        .args(["import", "--lake"])
-        .arg(&lake)
-        .arg(&events)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.url)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        leaseline()
+            .args(["import", "--lake"])
+            .arg(&lake)
+            .arg(&events)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.url),
     );
     let traces: Vec<Received> = receiver
         .requests()
@@ -347,18 +332,13 @@ fn every_incident_query_in_the_docs_runs() {
     let dir = tempfile::tempdir().unwrap();
     // Recent history (the queries look at the last hour) with faults.
     let events = dir.path().join("incident.ndjson");
-    let out = leaseline()
-        .args([
-            "simulate", "--events", "8000", "--leases", "12", "--pause", "0.1",
-        ])
-        .args(["--double-grant", "0.05", "--crash", "0.05", "--output"])
-        .arg(&events)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        leaseline()
+            .args([
+                "simulate", "--events", "8000", "--leases", "12", "--pause", "0.1",
+            ])
+            .args(["--double-grant", "0.05", "--crash", "0.05", "--output"])
+            .arg(&events),
     );
     let lake = dir.path().join("lake");
     import_with(&lake, &[&events], &[]);
@@ -417,17 +397,12 @@ fn the_paused_holder_timeline_picture_shows_both_grants_the_expiry_and_the_rejec
     let lake = dir.path().join("lake");
     import_with(&lake, &[&events], &[]);
     let svg_path = dir.path().join("timeline.svg");
-    let out = leaseline()
-        .args(["timeline", "--lake"])
-        .arg(&lake)
-        .args(["orders/order-123", "--svg"])
-        .arg(&svg_path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        leaseline()
+            .args(["timeline", "--lake"])
+            .arg(&lake)
+            .args(["orders/order-123", "--svg"])
+            .arg(&svg_path),
     );
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));

@@ -359,18 +359,28 @@ pub fn leaseline() -> Command {
     Command::new(env!("CARGO_BIN_EXE_leaseline"))
 }
 
-/// Runs `leaseline sql` and returns stdout, panicking with stderr on failure.
-pub fn sql(lake: &Path, query: &str, format: &str) -> String {
-    let out = leaseline()
-        .args(["sql", "--lake"])
-        .arg(lake)
-        .args(["--format", format, query])
+/// Runs a command to the end and returns its output, panicking with the
+/// command line and its stderr unless it succeeded.
+pub fn run_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd
         .output()
-        .unwrap();
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     assert!(
         out.status.success(),
-        "leaseline sql {query:?} failed:\n{}",
+        "{cmd:?} failed ({}):\n{}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs `leaseline sql` and returns stdout, panicking with stderr on failure.
+pub fn sql(lake: &Path, query: &str, format: &str) -> String {
+    let out = run_ok(
+        leaseline()
+            .args(["sql", "--lake"])
+            .arg(lake)
+            .args(["--format", format, query]),
     );
     String::from_utf8(out.stdout).unwrap()
 }
@@ -475,17 +485,12 @@ pub fn import_files(lake: &Path, files: &[PathBuf]) {
 
 /// `leaseline import` with extra flags; returns its stdout (the summary).
 pub fn import_with(lake: &Path, files: &[impl AsRef<std::ffi::OsStr>], extra: &[&str]) -> String {
-    let out = leaseline()
-        .args(["import", "--lake"])
-        .arg(lake)
-        .args(extra)
-        .args(files)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "import failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        leaseline()
+            .args(["import", "--lake"])
+            .arg(lake)
+            .args(extra)
+            .args(files),
     );
     String::from_utf8(out.stdout).unwrap()
 }
