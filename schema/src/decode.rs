@@ -96,32 +96,34 @@ impl Field {
     }
 
     fn from_key(key: &str) -> Option<Field> {
-        // The one candidate by length and first byte, then one compare:
-        // a chain of string compares per key was a visible cost per event.
-        // Kept in step with `as_str` by the `from_key_inverts_as_str` test.
+        // A few candidates by first byte, then one compare each: a chain of
+        // string compares per key was a visible cost per event. Kept in step
+        // with `as_str` by the `from_key_inverts_as_str` test.
         let first = *key.as_bytes().first()?;
-        let candidate = match (key.len(), first) {
-            (2, _) => Field::Ts,
-            (4, _) => Field::Kind,
-            (5, _) => Field::Attrs,
-            (6, b's') => Field::Source,
-            (6, b't') => Field::TtlMs,
-            (6, b'r') => Field::Reason,
-            (7, b'b') => Field::Backend,
-            (7, b'm') => Field::MonoMs,
-            (7, b's') => Field::SpanId,
-            (8, b'l') => Field::LeaseId,
-            (8, b'e') => Field::EventId,
-            (8, b't') => Field::TraceId,
-            (9, b'h') => Field::HolderId,
-            (9, b'm') => Field::MaxToken,
-            (10, _) => Field::LatencyMs,
-            (13, _) => Field::FencingToken,
-            (16, _) => Field::DeadlineMonoMs,
-            (22, _) => Field::KeepaliveSentMonoMs,
-            _ => return None,
-        };
-        (candidate.as_str() == key).then_some(candidate)
+        Field::starting_with(first)
+            .iter()
+            .copied()
+            .find(|f| f.as_str() == key)
+    }
+
+    /// The fields whose names start with `first`: the key lookup of both
+    /// the serde walk and the fast path's in-place match.
+    fn starting_with(first: u8) -> &'static [Field] {
+        match first {
+            b'a' => &[Field::Attrs],
+            b'b' => &[Field::Backend],
+            b'd' => &[Field::DeadlineMonoMs],
+            b'e' => &[Field::EventId],
+            b'f' => &[Field::FencingToken],
+            b'h' => &[Field::HolderId],
+            b'k' => &[Field::Kind, Field::KeepaliveSentMonoMs],
+            b'l' => &[Field::LeaseId, Field::LatencyMs],
+            b'm' => &[Field::MonoMs, Field::MaxToken],
+            b'r' => &[Field::Reason],
+            b's' => &[Field::Source, Field::SpanId],
+            b't' => &[Field::Ts, Field::TtlMs, Field::TraceId],
+            _ => &[],
+        }
     }
 }
 
@@ -215,11 +217,7 @@ pub fn decode(bytes: &[u8]) -> Result<LeaseEvent<'_>, DecodeError> {
 
 /// [`decode`] for input already known to be UTF-8.
 pub fn decode_str(text: &str) -> Result<LeaseEvent<'_>, DecodeError> {
-    let mut raw = RawEvent::default();
-    if fast::scan(text, &mut raw).is_some() {
-        return raw.validate();
-    }
-    decode_str_by_serde(text)
+    decode_str_fast_only(text).unwrap_or_else(|| decode_str_by_serde(text))
 }
 
 /// What the fast path alone makes of `text`: `None` where it declines and

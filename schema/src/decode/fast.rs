@@ -107,7 +107,7 @@ impl<'a> Scanner<'a> {
         }
         let after_quote = self.at + 1;
         let first = bytes.get(after_quote).copied().unwrap_or(b'"');
-        for &field in fields_starting_with(first) {
+        for &field in Field::starting_with(first) {
             let name = field.as_str().as_bytes();
             let end = after_quote + name.len();
             if bytes.get(end) == Some(&b'"') && same_bytes(&bytes[after_quote..end], name) {
@@ -244,25 +244,6 @@ fn has_escape_or_control(bytes: &[u8]) -> bool {
     chunks.remainder().iter().any(|&c| odd(c))
 }
 
-/// The contract fields whose names start with `first`, for [`Scanner::key`].
-fn fields_starting_with(first: u8) -> &'static [Field] {
-    match first {
-        b'a' => &[Field::Attrs],
-        b'b' => &[Field::Backend],
-        b'd' => &[Field::DeadlineMonoMs],
-        b'e' => &[Field::EventId],
-        b'f' => &[Field::FencingToken],
-        b'h' => &[Field::HolderId],
-        b'k' => &[Field::Kind, Field::KeepaliveSentMonoMs],
-        b'l' => &[Field::LeaseId, Field::LatencyMs],
-        b'm' => &[Field::MonoMs, Field::MaxToken],
-        b'r' => &[Field::Reason],
-        b's' => &[Field::Source, Field::SpanId],
-        b't' => &[Field::Ts, Field::TtlMs, Field::TraceId],
-        _ => &[],
-    }
-}
-
 /// Slice equality without a call into `memcmp`, which costs more than the
 /// compare itself for names this short.
 #[inline]
@@ -272,14 +253,14 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{fields_starting_with, scan, Scanner};
+    use super::{scan, Scanner};
     use crate::decode::{Field, RawEvent};
 
     #[test]
     fn every_contract_key_is_matched_in_place_and_nothing_else() {
         for f in Field::ALL {
             let first = f.as_str().as_bytes()[0];
-            assert!(fields_starting_with(first).contains(&f), "{f}");
+            assert!(Field::starting_with(first).contains(&f), "{f}");
             let text = format!("\"{f}\":1");
             let mut s = Scanner { text: &text, at: 0 };
             assert_eq!(s.key(), Some(Ok(f)));
