@@ -15,7 +15,8 @@
 //! same spells of a noisy host, and the medians and median ratios to the
 //! baseline are printed. `LEASELINE_BENCH_ONLY=<part of a name>` runs one
 //! variant alone (for profiling); `LEASELINE_BENCH_CPU_ONLY=1` skips the
-//! criterion groups that follow.
+//! criterion groups that follow; `LEASELINE_BENCH_PASSES=<n>` runs a fixed
+//! n passes of decode to Arrow alone, for callgrind and cachegrind.
 //!
 //! Run: `cargo bench -p leaseline-schema --bench decode`.
 
@@ -231,6 +232,18 @@ fn bench(c: &mut Criterion) {
             }
             black_box(builder.finish());
         };
+        // For callgrind and cachegrind, whose counts need a fixed amount of
+        // work: LEASELINE_BENCH_PASSES=<n> runs n passes of decode to Arrow
+        // and nothing else.
+        if let Some(passes) = std::env::var("LEASELINE_BENCH_PASSES")
+            .ok()
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            for _ in 0..passes {
+                to_arrow();
+            }
+            return;
+        }
         let mut decode_only = || {
             for l in &lines {
                 black_box(decode(black_box(l.as_bytes())).unwrap());

@@ -310,7 +310,7 @@ pub struct EventBatchBuilder {
     origin: OriginBuilder,
     rows: usize,
     /// Reused for each event's attrs JSON, so appending allocates nothing.
-    attrs_scratch: Vec<u8>,
+    attrs_scratch: String,
 }
 
 impl EventBatchBuilder {
@@ -349,9 +349,7 @@ impl EventBatchBuilder {
         } else {
             self.attrs_scratch.clear();
             e.write_attrs_json(&mut self.attrs_scratch);
-            self.attrs.push(Some(
-                std::str::from_utf8(&self.attrs_scratch).expect("serde_json writes UTF-8"),
-            ));
+            self.attrs.push(Some(&self.attrs_scratch));
         }
         self.origin.append(origin, ingested_at_us);
         self.rows += 1;

@@ -73,26 +73,29 @@ impl Field {
     ];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Field::Ts => "ts",
-            Field::Kind => "kind",
-            Field::Source => "source",
-            Field::LeaseId => "lease_id",
-            Field::HolderId => "holder_id",
-            Field::FencingToken => "fencing_token",
-            Field::TtlMs => "ttl_ms",
-            Field::EventId => "event_id",
-            Field::Backend => "backend",
-            Field::LatencyMs => "latency_ms",
-            Field::Reason => "reason",
-            Field::MaxToken => "max_token",
-            Field::MonoMs => "mono_ms",
-            Field::KeepaliveSentMonoMs => "keepalive_sent_mono_ms",
-            Field::DeadlineMonoMs => "deadline_mono_ms",
-            Field::TraceId => "trace_id",
-            Field::SpanId => "span_id",
-            Field::Attrs => "attrs",
-        }
+        // An array rather than a match: a match compiles to a jump table,
+        // and the key match in the fast path calls this for every key.
+        const NAMES: [&str; 18] = [
+            "ts",
+            "kind",
+            "source",
+            "lease_id",
+            "holder_id",
+            "fencing_token",
+            "ttl_ms",
+            "event_id",
+            "backend",
+            "latency_ms",
+            "reason",
+            "max_token",
+            "mono_ms",
+            "keepalive_sent_mono_ms",
+            "deadline_mono_ms",
+            "trace_id",
+            "span_id",
+            "attrs",
+        ];
+        NAMES[self as usize]
     }
 
     fn from_key(key: &str) -> Option<Field> {
@@ -109,21 +112,39 @@ impl Field {
     /// The fields whose names start with `first`: the key lookup of both
     /// the serde walk and the fast path's in-place match.
     fn starting_with(first: u8) -> &'static [Field] {
-        match first {
-            b'a' => &[Field::Attrs],
-            b'b' => &[Field::Backend],
-            b'd' => &[Field::DeadlineMonoMs],
-            b'e' => &[Field::EventId],
-            b'f' => &[Field::FencingToken],
-            b'h' => &[Field::HolderId],
-            b'k' => &[Field::Kind, Field::KeepaliveSentMonoMs],
-            b'l' => &[Field::LeaseId, Field::LatencyMs],
-            b'm' => &[Field::MonoMs, Field::MaxToken],
-            b'r' => &[Field::Reason],
-            b's' => &[Field::Source, Field::SpanId],
-            b't' => &[Field::Ts, Field::TtlMs, Field::TraceId],
-            _ => &[],
-        }
+        // Indexed by first letter: a load, where a match was a jump table.
+        const BY_FIRST: [&[Field]; 26] = [
+            &[Field::Attrs],                                 // a
+            &[Field::Backend],                               // b
+            &[],                                             // c
+            &[Field::DeadlineMonoMs],                        // d
+            &[Field::EventId],                               // e
+            &[Field::FencingToken],                          // f
+            &[],                                             // g
+            &[Field::HolderId],                              // h
+            &[],                                             // i
+            &[],                                             // j
+            &[Field::Kind, Field::KeepaliveSentMonoMs],      // k
+            &[Field::LeaseId, Field::LatencyMs],             // l
+            &[Field::MonoMs, Field::MaxToken],               // m
+            &[],                                             // n
+            &[],                                             // o
+            &[],                                             // p
+            &[],                                             // q
+            &[Field::Reason],                                // r
+            &[Field::Source, Field::SpanId],                 // s
+            &[Field::Ts, Field::TtlMs, Field::TraceId],      // t
+            &[],                                             // u
+            &[],                                             // v
+            &[],                                             // w
+            &[],                                             // x
+            &[],                                             // y
+            &[],                                             // z
+        ];
+        BY_FIRST
+            .get(usize::from(first.wrapping_sub(b'a')))
+            .copied()
+            .unwrap_or(&[])
     }
 }
 
@@ -566,6 +587,7 @@ impl<'de> RawEvent<'de> {
     }
 
     /// Takes a field, treating `null` as absent.
+    #[inline(always)]
     fn take(&mut self, field: Field) -> Option<Scalar<'de>> {
         match self.fields[field as usize].take() {
             Some(Scalar::Null) | None => None,
@@ -573,6 +595,7 @@ impl<'de> RawEvent<'de> {
         }
     }
 
+    #[inline(always)]
     fn string(&mut self, field: Field) -> Check<Option<Cow<'de, str>>> {
         match self.take(field) {
             None => Ok(None),
@@ -581,6 +604,7 @@ impl<'de> RawEvent<'de> {
         }
     }
 
+    #[inline(always)]
     fn id(&mut self, field: Field) -> Check<Option<Cow<'de, str>>> {
         let v = self.string(field)?;
         if let Some(s) = &v {
@@ -603,6 +627,7 @@ impl<'de> RawEvent<'de> {
         Ok(v)
     }
 
+    #[inline(always)]
     fn u64(&mut self, field: Field) -> Check<Option<u64>> {
         match self.take(field) {
             None => Ok(None),
@@ -619,6 +644,7 @@ impl<'de> RawEvent<'de> {
         }
     }
 
+    #[inline(always)]
     fn non_negative(&mut self, field: Field) -> Check<Option<f64>> {
         let v = match self.take(field) {
             None => return Ok(None),
@@ -636,6 +662,7 @@ impl<'de> RawEvent<'de> {
         Ok(Some(v))
     }
 
+    #[inline(always)]
     fn hex(&mut self, field: Field, digits: usize) -> Check<Option<Cow<'de, str>>> {
         let v = self.string(field)?;
         if let Some(s) = &v {
@@ -653,6 +680,7 @@ impl<'de> RawEvent<'de> {
         Ok(v)
     }
 
+    #[inline(always)]
     fn timestamp(&mut self) -> Check<Option<i64>> {
         let bad = |m: String| DecodeError::new(RejectReason::BadTimestamp, m);
         match self.take(Field::Ts) {

@@ -202,14 +202,14 @@ impl LeaseEvent<'_> {
         if self.attrs.is_empty() {
             return None;
         }
-        let mut out = Vec::new();
+        let mut out = String::new();
         self.write_attrs_json(&mut out);
-        Some(String::from_utf8(out).expect("serde_json writes UTF-8"))
+        Some(out)
     }
 
     /// Appends [`LeaseEvent::attrs_json`] to `out` (nothing when there are
     /// no attrs), for writers that reuse one buffer.
-    pub fn write_attrs_json(&self, out: &mut Vec<u8>) {
+    pub fn write_attrs_json(&self, out: &mut String) {
         if self.attrs.is_empty() {
             return;
         }
@@ -218,16 +218,16 @@ impl LeaseEvent<'_> {
         // same escaping as the map below (which sorts, and keeps the last of
         // a repeated key) produces for any other event.
         if self.attrs.windows(2).all(|w| w[0].0 < w[1].0) {
-            out.push(b'{');
+            out.push('{');
             for (i, (k, v)) in self.attrs.iter().enumerate() {
                 if i > 0 {
-                    out.push(b',');
+                    out.push(',');
                 }
-                serde_json::to_writer(&mut *out, k.as_ref()).expect("writing to a Vec");
-                out.push(b':');
-                serde_json::to_writer(&mut *out, v.as_ref()).expect("writing to a Vec");
+                write_json_string(out, k);
+                out.push(':');
+                write_json_string(out, v);
             }
-            out.push(b'}');
+            out.push('}');
             return;
         }
         let map: serde_json::Map<String, serde_json::Value> = self
@@ -235,7 +235,20 @@ impl LeaseEvent<'_> {
             .iter()
             .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
             .collect();
-        serde_json::to_writer(out, &serde_json::Value::Object(map)).expect("writing to a Vec");
+        out.push_str(&serde_json::Value::Object(map).to_string());
+    }
+}
+
+/// `s` as a JSON string, escaped exactly as serde_json escapes it. Nearly
+/// every attr needs no escape (serde_json escapes only `"`, `\` and control
+/// characters), and then it is copied as it is.
+fn write_json_string(out: &mut String, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::Value::from(s).to_string());
     }
 }
 

@@ -1367,7 +1367,7 @@ fn reject_batch_builder_rows_and_values() {
 fn attrs_json_escapes_and_matches_a_json_map() {
     let mut e = ok(&line(
         "acquired",
-        r#","attrs":{"q\"k":"line\nbreak","é":"\u0001","a":"x"},"z\\":"tab\t""#,
+        r#","attrs":{"q\"k":"line\nbreak","é":"\u0001","a":"x/\u007f"},"z\\":"tab\t""#,
     ));
     let want = |attrs: &[(Cow<'_, str>, Cow<'_, str>)]| {
         let map: serde_json::Map<String, serde_json::Value> = attrs
