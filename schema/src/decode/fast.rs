@@ -31,26 +31,27 @@ pub(super) fn scan<'a>(text: &'a str, raw: &mut RawEvent<'a>) -> Option<()> {
     s.eat(b'{')?;
     s.ws();
     if !s.eat_if(b'}') {
+        // Spaces are skipped where a byte is looked at anyway (a key's
+        // quote, a value's first byte, the separators), not by a separate
+        // look before every token: compact JSON has none.
         loop {
             let key = s.key()?;
-            s.ws();
-            s.eat(b':')?;
-            s.ws();
+            s.eat_spaced(b':').then_some(())?;
             match key {
                 Ok(Field::Attrs) => raw.put_attrs(s.attrs()?),
                 Ok(field) => raw.put(field, s.scalar()?),
                 Err(key) => {
+                    // The value's own text, as serde's `RawValue` gives it.
+                    s.ws();
                     let start = s.at;
                     s.scalar()?;
                     raw.put_unknown(Cow::Borrowed(key), &text[start..s.at]);
                 }
             }
-            s.ws();
-            if s.eat_if(b'}') {
+            if s.eat_spaced(b'}') {
                 break;
             }
-            s.eat(b',')?;
-            s.ws();
+            s.eat_spaced(b',').then_some(())?;
         }
     }
     s.ws();
@@ -86,6 +87,22 @@ impl<'a> Scanner<'a> {
         hit
     }
 
+    /// `c` after any spaces.
+    #[inline(always)]
+    fn eat_spaced(&mut self, c: u8) -> bool {
+        match self.peek() {
+            Some(x) if x == c => {
+                self.at += 1;
+                true
+            }
+            Some(b' ') => {
+                self.ws();
+                self.eat_if(c)
+            }
+            _ => false,
+        }
+    }
+
     fn eat(&mut self, c: u8) -> Option<()> {
         self.eat_if(c).then_some(())
     }
@@ -95,7 +112,8 @@ impl<'a> Scanner<'a> {
         (self.text.as_bytes().get(self.at..end)? == word.as_bytes()).then(|| self.at = end)
     }
 
-    /// A key: the contract field it names, or else its text.
+    /// A key, after any spaces: the contract field it names, or else its
+    /// text.
     #[inline(always)]
     fn key(&mut self) -> Option<Result<Field, &'a str>> {
         // Contract keys are matched in place, name and closing quote, rather
@@ -103,7 +121,10 @@ impl<'a> Scanner<'a> {
         // an event's strings, and this is several times cheaper.
         let bytes = self.text.as_bytes();
         if bytes.get(self.at) != Some(&b'"') {
-            return None;
+            self.ws();
+            if bytes.get(self.at) != Some(&b'"') {
+                return None;
+            }
         }
         let after_quote = self.at + 1;
         let first = bytes.get(after_quote).copied().unwrap_or(b'"');
@@ -174,9 +195,13 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// Any value the subset has but an object or an array.
+    /// Any value the subset has but an object or an array, after any
+    /// spaces.
     #[inline(always)]
     fn scalar(&mut self) -> Option<Scalar<'a>> {
+        if self.peek()? == b' ' {
+            self.ws();
+        }
         Some(match self.peek()? {
             b'"' => Scalar::Str(Cow::Borrowed(self.string()?)),
             b'0'..=b'9' => self.number()?,
@@ -199,6 +224,7 @@ impl<'a> Scanner<'a> {
     /// `attrs`: `null` or an object of strings. Anything else, wrong or not,
     /// is the serde walk's to judge.
     fn attrs(&mut self) -> Option<Attrs<'a>> {
+        self.ws();
         if self.peek()? == b'n' {
             self.literal("null")?;
             return Some(Attrs::Null);
@@ -245,15 +271,45 @@ fn has_escape_or_control(bytes: &[u8]) -> bool {
 }
 
 /// Slice equality without a call into `memcmp`, which costs more than the
-/// compare itself for names this short.
+/// compare itself for names this short: two overlapping word compares (of
+/// 8, 4 or 2 bytes) cover any length up to twice the word, and a loop of
+/// words the rest. A byte loop cost a mispredicted exit per key.
 #[inline]
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(true, |same, (x, y)| same & (x == y))
+    fn w8(s: &[u8], at: usize) -> u64 {
+        u64::from_le_bytes(s[at..at + 8].try_into().expect("8 bytes"))
+    }
+    fn w4(s: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes(s[at..at + 4].try_into().expect("4 bytes"))
+    }
+    fn w2(s: &[u8], at: usize) -> u16 {
+        u16::from_le_bytes(s[at..at + 2].try_into().expect("2 bytes"))
+    }
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    match n {
+        0 => true,
+        1 => a[0] == b[0],
+        2..=3 => w2(a, 0) == w2(b, 0) && w2(a, n - 2) == w2(b, n - 2),
+        4..=7 => w4(a, 0) == w4(b, 0) && w4(a, n - 4) == w4(b, n - 4),
+        _ => {
+            let mut at = 0;
+            while at + 8 < n {
+                if w8(a, at) != w8(b, at) {
+                    return false;
+                }
+                at += 8;
+            }
+            w8(a, n - 8) == w8(b, n - 8)
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{scan, Scanner};
+    use super::{same_bytes, scan, Scanner};
     use crate::decode::{Field, RawEvent};
 
     #[test]
@@ -283,6 +339,21 @@ mod tests {
         for odd in ["\"ts", "\"t", "ts"] {
             let mut s = Scanner { text: odd, at: 0 };
             assert_eq!(s.key(), None, "{odd}");
+        }
+    }
+
+    #[test]
+    fn same_bytes_is_slice_equality() {
+        // Every length up to past two words, and a difference at each byte.
+        for n in 0..40usize {
+            let a: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
+            assert!(same_bytes(&a, &a.clone()), "{n}");
+            assert!(!same_bytes(&a, &a[..n.saturating_sub(1)]) || n == 0);
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] ^= 0x20;
+                assert!(!same_bytes(&a, &b), "length {n}, byte {at}");
+            }
         }
     }
 
