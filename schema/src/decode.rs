@@ -114,32 +114,32 @@ impl Field {
     fn starting_with(first: u8) -> &'static [Field] {
         // Indexed by first letter: a load, where a match was a jump table.
         const BY_FIRST: [&[Field]; 26] = [
-            &[Field::Attrs],                                 // a
-            &[Field::Backend],                               // b
-            &[],                                             // c
-            &[Field::DeadlineMonoMs],                        // d
-            &[Field::EventId],                               // e
-            &[Field::FencingToken],                          // f
-            &[],                                             // g
-            &[Field::HolderId],                              // h
-            &[],                                             // i
-            &[],                                             // j
-            &[Field::Kind, Field::KeepaliveSentMonoMs],      // k
-            &[Field::LeaseId, Field::LatencyMs],             // l
-            &[Field::MonoMs, Field::MaxToken],               // m
-            &[],                                             // n
-            &[],                                             // o
-            &[],                                             // p
-            &[],                                             // q
-            &[Field::Reason],                                // r
-            &[Field::Source, Field::SpanId],                 // s
-            &[Field::Ts, Field::TtlMs, Field::TraceId],      // t
-            &[],                                             // u
-            &[],                                             // v
-            &[],                                             // w
-            &[],                                             // x
-            &[],                                             // y
-            &[],                                             // z
+            &[Field::Attrs],                            // a
+            &[Field::Backend],                          // b
+            &[],                                        // c
+            &[Field::DeadlineMonoMs],                   // d
+            &[Field::EventId],                          // e
+            &[Field::FencingToken],                     // f
+            &[],                                        // g
+            &[Field::HolderId],                         // h
+            &[],                                        // i
+            &[],                                        // j
+            &[Field::Kind, Field::KeepaliveSentMonoMs], // k
+            &[Field::LeaseId, Field::LatencyMs],        // l
+            &[Field::MonoMs, Field::MaxToken],          // m
+            &[],                                        // n
+            &[],                                        // o
+            &[],                                        // p
+            &[],                                        // q
+            &[Field::Reason],                           // r
+            &[Field::Source, Field::SpanId],            // s
+            &[Field::Ts, Field::TtlMs, Field::TraceId], // t
+            &[],                                        // u
+            &[],                                        // v
+            &[],                                        // w
+            &[],                                        // x
+            &[],                                        // y
+            &[],                                        // z
         ];
         BY_FIRST
             .get(usize::from(first.wrapping_sub(b'a')))
@@ -277,7 +277,7 @@ pub fn decode_str_by_serde(text: &str) -> Result<LeaseEvent<'_>, DecodeError> {
             RejectReason::NotAnObject,
             format!("an event must be a JSON object, got {what}"),
         )),
-        Ok(Top::Object(mut raw)) => raw.validate(),
+        Ok(Top::Object(raw)) => raw.validate(),
     }
 }
 
@@ -593,18 +593,18 @@ impl<'de> RawEvent<'de> {
         }
     }
 
-    /// Takes a field, treating `null` as absent.
+    /// A field's value, treating `null` as absent.
     #[inline(always)]
-    fn take(&mut self, field: Field) -> Option<Scalar<'de>> {
-        match self.fields[field as usize].take() {
+    fn present(v: Option<Scalar<'de>>) -> Option<Scalar<'de>> {
+        match v {
             Some(Scalar::Null) | None => None,
             some => some,
         }
     }
 
     #[inline(always)]
-    fn string(&mut self, field: Field) -> Check<Option<Cow<'de, str>>> {
-        match self.take(field) {
+    fn string(field: Field, v: Option<Scalar<'de>>) -> Check<Option<Cow<'de, str>>> {
+        match Self::present(v) {
             None => Ok(None),
             Some(Scalar::Str(s)) => Ok(Some(s)),
             Some(other) => Err(wrong_type(field, "a string", &other)),
@@ -612,8 +612,8 @@ impl<'de> RawEvent<'de> {
     }
 
     #[inline(always)]
-    fn id(&mut self, field: Field) -> Check<Option<Cow<'de, str>>> {
-        let v = self.string(field)?;
+    fn id(field: Field, v: Option<Scalar<'de>>) -> Check<Option<Cow<'de, str>>> {
+        let v = Self::string(field, v)?;
         if let Some(s) = &v {
             if s.is_empty() {
                 return Err(DecodeError::new(
@@ -635,8 +635,8 @@ impl<'de> RawEvent<'de> {
     }
 
     #[inline(always)]
-    fn u64(&mut self, field: Field) -> Check<Option<u64>> {
-        match self.take(field) {
+    fn u64(field: Field, v: Option<Scalar<'de>>) -> Check<Option<u64>> {
+        match Self::present(v) {
             None => Ok(None),
             Some(Scalar::U64(v)) => Ok(Some(v)),
             Some(Scalar::I64(v)) => Err(DecodeError::new(
@@ -652,8 +652,8 @@ impl<'de> RawEvent<'de> {
     }
 
     #[inline(always)]
-    fn non_negative(&mut self, field: Field) -> Check<Option<f64>> {
-        let v = match self.take(field) {
+    fn non_negative(field: Field, v: Option<Scalar<'de>>) -> Check<Option<f64>> {
+        let v = match Self::present(v) {
             None => return Ok(None),
             Some(Scalar::U64(v)) => v as f64,
             Some(Scalar::I64(v)) => v as f64,
@@ -670,8 +670,8 @@ impl<'de> RawEvent<'de> {
     }
 
     #[inline(always)]
-    fn hex(&mut self, field: Field, digits: usize) -> Check<Option<Cow<'de, str>>> {
-        let v = self.string(field)?;
+    fn hex(field: Field, v: Option<Scalar<'de>>, digits: usize) -> Check<Option<Cow<'de, str>>> {
+        let v = Self::string(field, v)?;
         if let Some(s) = &v {
             // A fold rather than `all`: without the early exit it vectorises.
             let ok = s.len() == digits
@@ -688,9 +688,9 @@ impl<'de> RawEvent<'de> {
     }
 
     #[inline(always)]
-    fn timestamp(&mut self) -> Check<Option<i64>> {
+    fn timestamp(v: Option<Scalar<'de>>) -> Check<Option<i64>> {
         let bad = |m: String| DecodeError::new(RejectReason::BadTimestamp, m);
-        match self.take(Field::Ts) {
+        match Self::present(v) {
             None => Ok(None),
             Some(Scalar::Str(s)) => {
                 if let Some(us) = utc::micros(&s) {
@@ -722,20 +722,33 @@ impl<'de> RawEvent<'de> {
         }
     }
 
-    fn validate(&mut self) -> Check<LeaseEvent<'de>> {
-        if let Some(e) = self.first_error.take() {
+    /// Judges the fields read. By value: each field is moved out once,
+    /// with nothing written back and no drop of the emptied slots; inlined,
+    /// or the move would copy the whole `RawEvent` first.
+    #[inline(always)]
+    fn validate(self) -> Check<LeaseEvent<'de>> {
+        let RawEvent {
+            fields,
+            attrs,
+            extra,
+            first_error,
+        } = self;
+        if let Some(e) = first_error {
             return Err(e);
         }
+        // In `Field` order (the slots are indexed by `field as usize`).
+        let [ts, kind, source, lease_id, holder_id, fencing_token, ttl_ms, event_id, backend, latency_ms, reason, max_token, mono_ms, keepalive_sent_mono_ms, deadline_mono_ms, trace_id, span_id] =
+            fields;
         // Types and ranges first, in field order; then the kind-dependent
         // presence rules, which need a valid kind.
-        let ts = self.timestamp()?;
-        let kind = match self.string(Field::Kind)? {
+        let ts = Self::timestamp(ts)?;
+        let kind = match Self::string(Field::Kind, kind)? {
             None => None,
             Some(k) => Some(Kind::parse(&k).ok_or_else(|| {
                 DecodeError::new(RejectReason::UnknownKind, format!("unknown kind {k:?}"))
             })?),
         };
-        let source = match self.string(Field::Source)? {
+        let source = match Self::string(Field::Source, source)? {
             None => None,
             Some(s) => Some(Source::parse(&s).ok_or_else(|| {
                 DecodeError::new(
@@ -744,10 +757,10 @@ impl<'de> RawEvent<'de> {
                 )
             })?),
         };
-        let lease_id = self.id(Field::LeaseId)?;
-        let holder_id = self.id(Field::HolderId)?;
-        let fencing_token = self.u64(Field::FencingToken)?;
-        let ttl_ms = match self.u64(Field::TtlMs)? {
+        let lease_id = Self::id(Field::LeaseId, lease_id)?;
+        let holder_id = Self::id(Field::HolderId, holder_id)?;
+        let fencing_token = Self::u64(Field::FencingToken, fencing_token)?;
+        let ttl_ms = match Self::u64(Field::TtlMs, ttl_ms)? {
             None => None,
             Some(0) => {
                 return Err(DecodeError::new(
@@ -762,17 +775,18 @@ impl<'de> RawEvent<'de> {
                 )
             })?),
         };
-        let event_id = self.string(Field::EventId)?;
-        let backend = self.string(Field::Backend)?;
-        let latency_ms = self.non_negative(Field::LatencyMs)?;
-        let reason = self.string(Field::Reason)?;
-        let max_token = self.u64(Field::MaxToken)?;
-        let mono_ms = self.non_negative(Field::MonoMs)?;
-        let keepalive_sent_mono_ms = self.non_negative(Field::KeepaliveSentMonoMs)?;
-        let deadline_mono_ms = self.non_negative(Field::DeadlineMonoMs)?;
-        let trace_id = self.hex(Field::TraceId, 32)?;
-        let span_id = self.hex(Field::SpanId, 16)?;
-        let mut attrs = match self.attrs.take() {
+        let event_id = Self::string(Field::EventId, event_id)?;
+        let backend = Self::string(Field::Backend, backend)?;
+        let latency_ms = Self::non_negative(Field::LatencyMs, latency_ms)?;
+        let reason = Self::string(Field::Reason, reason)?;
+        let max_token = Self::u64(Field::MaxToken, max_token)?;
+        let mono_ms = Self::non_negative(Field::MonoMs, mono_ms)?;
+        let keepalive_sent_mono_ms =
+            Self::non_negative(Field::KeepaliveSentMonoMs, keepalive_sent_mono_ms)?;
+        let deadline_mono_ms = Self::non_negative(Field::DeadlineMonoMs, deadline_mono_ms)?;
+        let trace_id = Self::hex(Field::TraceId, trace_id, 32)?;
+        let span_id = Self::hex(Field::SpanId, span_id, 16)?;
+        let mut attrs = match attrs {
             None | Some(Attrs::Null) => Vec::new(),
             Some(Attrs::Map(m)) => m,
             Some(Attrs::Invalid(m)) => {
@@ -805,8 +819,8 @@ impl<'de> RawEvent<'de> {
         // win over unknown top-level fields of the same name. Sort and merge
         // rather than search, so many unknown fields cost n log n, not n^2.
         sort_last_wins(&mut attrs);
-        if !self.extra.is_empty() {
-            let mut extra = std::mem::take(&mut self.extra);
+        if !extra.is_empty() {
+            let mut extra = extra;
             sort_last_wins(&mut extra);
             attrs = if attrs.is_empty() {
                 extra
