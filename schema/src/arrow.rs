@@ -113,8 +113,13 @@ const MAX_KEPT_ROWS: usize = 65_536;
 /// valid rows at all, and then the batch needs no bitmap.
 #[derive(Default)]
 struct Validity {
-    /// Arrow's validity bits (least significant first), once materialised.
+    /// Arrow's validity bits (least significant first) of every completed
+    /// 64 rows, once materialised.
     bits: Vec<u8>,
+    /// The bits of the rows after those in `bits`: a register's worth is
+    /// gathered before it is stored.
+    word: u64,
+    materialised: bool,
     rows: usize,
     nulls: usize,
 }
@@ -122,42 +127,53 @@ struct Validity {
 impl Validity {
     #[inline(always)]
     fn push(&mut self, valid: bool) {
-        if self.bits.is_empty() {
+        if !self.materialised {
             if valid {
                 self.rows += 1;
                 return;
             }
             self.materialise();
         }
-        // The bitmap holds exactly the bytes of the rows so far.
-        if self.rows.is_multiple_of(8) {
-            self.bits.push(0);
-        }
-        let last = self.bits.last_mut().expect("a byte for this row");
-        *last |= u8::from(valid) << (self.rows % 8);
+        self.word |= u64::from(valid) << (self.rows % 64);
         self.rows += 1;
         self.nulls += usize::from(!valid);
+        if self.rows.is_multiple_of(64) {
+            self.bits.extend_from_slice(&self.word.to_le_bytes());
+            self.word = 0;
+        }
     }
 
-    /// At the first null: a bitmap of the rows so far, all valid.
+    /// At the first null: the bits of the rows so far, all valid.
     #[cold]
     fn materialise(&mut self) {
-        self.bits = vec![0xff; self.rows / 8];
-        let partial = self.rows % 8;
-        if partial != 0 {
-            self.bits.push((1u8 << partial) - 1);
-        }
+        self.materialised = true;
+        self.bits.resize(self.rows / 64 * 8, 0xff);
+        let partial = self.rows % 64;
+        self.word = if partial == 0 {
+            0
+        } else {
+            (1u64 << partial) - 1
+        };
     }
 
     fn take(&mut self, keep: usize) -> Option<NullBuffer> {
         let rows = std::mem::take(&mut self.rows);
         let nulls = std::mem::take(&mut self.nulls);
-        let bits = std::mem::take(&mut self.bits);
+        let word = std::mem::take(&mut self.word);
+        let mut bits = std::mem::take(&mut self.bits);
         // Keep room for a batch like this one only where it needed a bitmap.
-        if !bits.is_empty() {
+        if std::mem::take(&mut self.materialised) {
             self.bits.reserve(keep.div_ceil(8));
         }
-        (nulls > 0).then(|| NullBuffer::new(BooleanBuffer::new(Buffer::from_vec(bits), 0, rows)))
+        if nulls == 0 {
+            return None;
+        }
+        bits.extend_from_slice(&word.to_le_bytes()[..(rows % 64).div_ceil(8)]);
+        Some(NullBuffer::new(BooleanBuffer::new(
+            Buffer::from_vec(bits),
+            0,
+            rows,
+        )))
     }
 }
 
@@ -439,12 +455,23 @@ mod tests {
     use super::Validity;
 
     /// Every pattern of nulls, including the first null after 0 to 17
-    /// valid rows and runs across byte edges, packs as Arrow would.
+    /// valid rows or around a 64-row word, and runs across byte and word
+    /// edges, packs as Arrow would.
     #[test]
     fn validity_packs_like_arrow() {
         let mut v = Validity::default();
-        for first_null in 0..18 {
-            for len in [first_null, first_null + 1, first_null + 9, 40] {
+        for first_null in (0..18).chain([63, 64, 65, 127, 128, 129]) {
+            for len in [
+                first_null,
+                first_null + 1,
+                first_null + 9,
+                first_null + 64,
+                40,
+                200,
+            ] {
+                if len < first_null {
+                    continue;
+                }
                 let want: Vec<bool> = (0..len)
                     .map(|i| i < first_null || (i - first_null) % 3 == 1)
                     .collect();
