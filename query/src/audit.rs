@@ -143,28 +143,6 @@ impl AuditTables {
     }
 }
 
-/// The columns of `lease_events` the audit reads (not the origin, not
-/// `attrs`).
-const AUDIT_COLUMNS: [&str; 17] = [
-    "ts",
-    "kind",
-    "source",
-    "lease_id",
-    "holder_id",
-    "fencing_token",
-    "ttl_ms",
-    "event_id",
-    "backend",
-    "latency_ms",
-    "reason",
-    "max_token",
-    "mono_ms",
-    "keepalive_sent_mono_ms",
-    "deadline_mono_ms",
-    "trace_id",
-    "span_id",
-];
-
 struct CacheState {
     auditor: Auditor,
     /// The `lease_events` files already pushed into `auditor`.
@@ -341,7 +319,7 @@ async fn push_files(auditor: &mut Auditor, lake: &Lake, files: &[&str]) -> Resul
             let tx = tx.clone();
             // Stops when the auditor side hung up (it failed) or on error.
             let go_on = tokio::task::spawn_blocking(move || {
-                let reader = match parquet_io::column_reader(bytes, &AUDIT_COLUMNS) {
+                let reader = match parquet_io::column_reader(bytes, &EventColumns::COLUMNS) {
                     Ok(reader) => reader,
                     Err(e) => return tx.blocking_send(Err(e.into())).map(|_| false),
                 };

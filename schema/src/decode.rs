@@ -72,30 +72,33 @@ impl Field {
         Field::Attrs,
     ];
 
+    /// The wire names, in declaration order (`Field::Ts as usize` is 0),
+    /// `attrs` last.
+    pub(crate) const NAMES: [&'static str; 18] = [
+        "ts",
+        "kind",
+        "source",
+        "lease_id",
+        "holder_id",
+        "fencing_token",
+        "ttl_ms",
+        "event_id",
+        "backend",
+        "latency_ms",
+        "reason",
+        "max_token",
+        "mono_ms",
+        "keepalive_sent_mono_ms",
+        "deadline_mono_ms",
+        "trace_id",
+        "span_id",
+        "attrs",
+    ];
+
     pub fn as_str(self) -> &'static str {
         // An array rather than a match: a match compiles to a jump table,
         // and the key match in the fast path calls this for every key.
-        const NAMES: [&str; 18] = [
-            "ts",
-            "kind",
-            "source",
-            "lease_id",
-            "holder_id",
-            "fencing_token",
-            "ttl_ms",
-            "event_id",
-            "backend",
-            "latency_ms",
-            "reason",
-            "max_token",
-            "mono_ms",
-            "keepalive_sent_mono_ms",
-            "deadline_mono_ms",
-            "trace_id",
-            "span_id",
-            "attrs",
-        ];
-        NAMES[self as usize]
+        Field::NAMES[self as usize]
     }
 
     fn from_key(key: &str) -> Option<Field> {

@@ -109,6 +109,18 @@ fn opt<T: arrow::datatypes::ArrowPrimitiveType>(
 }
 
 impl EventColumns {
+    /// The names of the columns read: every contract field but `attrs`, in
+    /// the contract's order. For readers that project a file's columns.
+    pub const COLUMNS: [&'static str; 17] = {
+        let mut names = [""; 17];
+        let mut i = 0;
+        while i < names.len() {
+            names[i] = crate::decode::Field::NAMES[i];
+            i += 1;
+        }
+        names
+    };
+
     pub fn new(batch: &RecordBatch) -> Result<EventColumns, ReadError> {
         let ts_type = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
         Ok(EventColumns {

@@ -105,3 +105,26 @@ fn a_reused_builder_builds_what_a_fresh_one_does() {
     }
     assert_eq!(first, fill(&mut EventBatchBuilder::new(), &LINES));
 }
+
+/// `EventColumns::COLUMNS` is what readers project a file to: exactly the
+/// columns `EventColumns::new` needs, so reading the projection works and
+/// leaving out any one of them is a `MissingColumn` naming it.
+#[test]
+fn the_listed_columns_are_exactly_those_read() {
+    let batch = batch();
+    let schema = batch.schema();
+    let index = |name: &str| schema.index_of(name).unwrap();
+    let all: Vec<usize> = EventColumns::COLUMNS.iter().map(|c| index(c)).collect();
+    let projected = batch.project(&all).unwrap();
+    assert_eq!(EventColumns::new(&projected).unwrap().len(), 3);
+    for (k, name) in EventColumns::COLUMNS.iter().enumerate() {
+        let mut fewer = all.clone();
+        fewer.remove(k);
+        match EventColumns::new(&batch.project(&fewer).unwrap()) {
+            Err(ReadError::MissingColumn(missing)) => assert_eq!(missing, *name),
+            Err(e) => panic!("without {name}: {e}"),
+            Ok(_) => panic!("read without {name}"),
+        }
+    }
+    assert!(!EventColumns::COLUMNS.contains(&"attrs"));
+}
