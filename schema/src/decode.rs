@@ -733,7 +733,7 @@ impl<'de> RawEvent<'de> {
         let RawEvent {
             fields,
             attrs,
-            extra,
+            mut extra,
             first_error,
         } = self;
         if let Some(e) = first_error {
@@ -823,7 +823,6 @@ impl<'de> RawEvent<'de> {
         // rather than search, so many unknown fields cost n log n, not n^2.
         sort_last_wins(&mut attrs);
         if !extra.is_empty() {
-            let mut extra = extra;
             sort_last_wins(&mut extra);
             attrs = if attrs.is_empty() {
                 extra
