@@ -21,6 +21,7 @@ use serde_json::value::RawValue;
 use crate::event::{Kind, LeaseEvent, Source};
 
 mod fast;
+mod quotes;
 mod utc;
 
 /// Maximum length in bytes of `lease_id` and `holder_id`.

@@ -14,19 +14,17 @@
 
 use std::borrow::Cow;
 
+use super::quotes::Quotes;
 use super::{Attrs, Field, RawEvent, Scalar};
 
 /// Fills `raw` from `text` if all of `text` is in the subset; `None`
 /// otherwise, with `raw` left half-filled for the caller to drop.
 pub(super) fn scan<'a>(text: &'a str, raw: &mut RawEvent<'a>) -> Option<()> {
     // One vectorised pass up front rules out escapes and control characters
-    // anywhere, so that a string's end is simply the next quote. Compact
-    // producers send neither; whitespace other than spaces (pretty-printed
-    // JSON) goes the serde way with them.
-    if has_escape_or_control(text.as_bytes()) {
-        return None;
-    }
-    let mut s = Scanner { text, at: 0 };
+    // anywhere, so that a string's end is simply the next quote, and notes
+    // where the quotes are. Compact producers send neither; whitespace other
+    // than spaces (pretty-printed JSON) goes the serde way with them.
+    let mut s = Scanner::new(text)?;
     s.ws();
     s.eat(b'{')?;
     s.ws();
@@ -67,9 +65,21 @@ const POW10: [f64; 16] = [
 struct Scanner<'a> {
     text: &'a str,
     at: usize,
+    quotes: Quotes,
 }
 
 impl<'a> Scanner<'a> {
+    /// A scanner at the start of `text`, or `None` if `text` holds a
+    /// backslash or a control character.
+    #[inline(always)]
+    fn new(text: &'a str) -> Option<Self> {
+        Some(Scanner {
+            text,
+            at: 0,
+            quotes: Quotes::find(text.as_bytes())?,
+        })
+    }
+
     fn peek(&self) -> Option<u8> {
         self.text.as_bytes().get(self.at).copied()
     }
@@ -148,7 +158,7 @@ impl<'a> Scanner<'a> {
             return None;
         }
         let start = self.at + 1;
-        let end = start + memchr::memchr(b'"', bytes.get(start..)?)?;
+        let end = self.quotes.next(bytes, start)?;
         self.at = end + 1;
         Some(&self.text[start..end])
     }
@@ -252,9 +262,10 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// Whether any byte is `\\` or below 0x20. Written over fixed 16-byte
-/// arrays so that the compiler turns each step into a few SSE2 compares.
-fn has_escape_or_control(bytes: &[u8]) -> bool {
+/// Whether any byte is `\\` or below 0x20, for a message's bytes past the
+/// quote bitmap. Written over fixed 16-byte arrays so that the compiler
+/// turns each step into a few SSE2 compares.
+pub(super) fn has_escape_or_control(bytes: &[u8]) -> bool {
     let odd = |c: u8| c < 0x20 || c == b'\\';
     let mut chunks = bytes.chunks_exact(16);
     for chunk in &mut chunks {
@@ -318,7 +329,7 @@ mod tests {
             let first = f.as_str().as_bytes()[0];
             assert!(Field::starting_with(first).contains(&f), "{f}");
             let text = format!("\"{f}\":1");
-            let mut s = Scanner { text: &text, at: 0 };
+            let mut s = Scanner::new(&text).unwrap();
             assert_eq!(s.key(), Some(Ok(f)));
             assert_eq!(s.at, f.as_str().len() + 2);
             // A longer or shorter key that starts the same is not the field.
@@ -327,17 +338,17 @@ mod tests {
                 f.as_str()[..f.as_str().len() - 1].to_string(),
             ] {
                 let text = format!("\"{odd}\":1");
-                let mut s = Scanner { text: &text, at: 0 };
+                let mut s = Scanner::new(&text).unwrap();
                 assert_eq!(s.key(), Some(Err(odd.as_str())));
             }
         }
         for odd in ["\"\"", "\"tz\"", "\"Ts\"", "\"é\""] {
-            let mut s = Scanner { text: odd, at: 0 };
+            let mut s = Scanner::new(odd).unwrap();
             assert_eq!(s.key(), Some(Err(&odd[1..odd.len() - 1])), "{odd}");
         }
         // An unterminated key is the serde walk's.
         for odd in ["\"ts", "\"t", "ts"] {
-            let mut s = Scanner { text: odd, at: 0 };
+            let mut s = Scanner::new(odd).unwrap();
             assert_eq!(s.key(), None, "{odd}");
         }
     }
