@@ -138,3 +138,34 @@ fn numbers_at_the_fast_paths_limits_match_the_serde_walk() {
         }
     }
 }
+
+/// Messages longer than the fast path's quote bitmap (the first 1,024
+/// bytes): strings that end just before, on and just after its edge, and
+/// escapes or control characters only past it, are read as the serde walk
+/// reads them.
+#[test]
+fn messages_past_the_quote_bitmap_match_the_serde_walk() {
+    let head = r#"{"ts":"2026-09-14T10:00:00Z","kind":"renewed","source":"holder","lease_id":"x","holder_id":"h","fencing_token":3,"pad":""#;
+    let mut taken = 0;
+    for pad in 1024 - head.len() - 40..1024 - head.len() + 40 {
+        let filler = "p".repeat(pad);
+        for tail in [
+            r#"","note":"after the edge"}"#,
+            r#"","note":"esc\"aped"}"#,
+            r#"","note":"esc\u0041ped"}"#,
+            "\",\"note\":\"ctl\u{1}\"}",
+            r#"","lease_id":"again"}"#,
+        ] {
+            let text = format!("{head}{filler}{tail}");
+            check_fast_path(text.as_bytes());
+            taken += usize::from(decode_str_fast_only(&text).is_some());
+        }
+        // An id over 1,024 bytes, refused the same way by both.
+        let long_id = format!(
+            r#"{{"ts":1,"kind":"renewed","source":"holder","lease_id":"{filler}{filler}","holder_id":"h","fencing_token":3}}"#
+        );
+        check_fast_path(long_id.as_bytes());
+    }
+    // The plain tails went through the fast path, not around it.
+    assert!(taken >= 80, "fast path took {taken}");
+}
