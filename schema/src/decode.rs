@@ -51,8 +51,8 @@ pub enum Field {
 }
 
 impl Field {
-    #[cfg(test)]
-    const ALL: [Field; 18] = [
+    /// Every field, in declaration order.
+    pub(crate) const ALL: [Field; 18] = [
         Field::Ts,
         Field::Kind,
         Field::Source,

@@ -126,9 +126,12 @@ impl<'a> Scanner<'a> {
     /// text.
     #[inline(always)]
     fn key(&mut self) -> Option<Result<Field, &'a str>> {
-        // Contract keys are matched in place, name and closing quote, rather
-        // than scanned for their end and then looked up: keys are most of
-        // an event's strings, and this is several times cheaper.
+        // A key's first two bytes name the one contract key it can be, which
+        // is then compared in three masked words and its closing quote
+        // checked, without a branch on the name. Keys are most of an event's
+        // strings; a search of candidates cost a mispredicted branch or two
+        // per key. Unknown keys, and keys near the message's end, take the
+        // quote bitmap to their end.
         let bytes = self.text.as_bytes();
         if bytes.get(self.at) != Some(&b'"') {
             self.ws();
@@ -137,16 +140,27 @@ impl<'a> Scanner<'a> {
             }
         }
         let after_quote = self.at + 1;
-        let first = bytes.get(after_quote).copied().unwrap_or(b'"');
-        for &field in Field::starting_with(first) {
-            let name = field.as_str().as_bytes();
-            let end = after_quote + name.len();
-            if bytes.get(end) == Some(&b'"') && same_bytes(&bytes[after_quote..end], name) {
-                self.at = end + 1;
-                return Some(Ok(field));
+        if let Some(window) = bytes.get(after_quote..after_quote + 24) {
+            let window: &[u8; 24] = window.try_into().expect("24 bytes");
+            if let Some(key) = &KEYS[key_slot(window[0], window[1])] {
+                let len = usize::from(key.len);
+                if window[len] == b'"' && key.matches(window) {
+                    self.at = after_quote + len + 1;
+                    return Some(Ok(key.field));
+                }
             }
         }
-        Some(Err(self.string()?))
+        let end = self.quotes.next(bytes, after_quote)?;
+        self.at = end + 1;
+        let text = &bytes[after_quote..end];
+        if let (Some(&first), Some(&second)) = (text.first(), text.get(1)) {
+            if let Some(key) = &KEYS[key_slot(first, second)] {
+                if same_bytes(text, key.field.as_str().as_bytes()) {
+                    return Some(Ok(key.field));
+                }
+            }
+        }
+        Some(Err(&self.text[after_quote..end]))
     }
 
     /// A string; its text between the quotes. [`scan`] has made sure the
@@ -262,6 +276,67 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// A contract key as the little-endian words of its name, zero-padded to
+/// 24 bytes, and masks that keep the name's bytes only.
+struct KeyWords {
+    field: Field,
+    len: u8,
+    words: [u64; 3],
+    masks: [u64; 3],
+}
+
+impl KeyWords {
+    /// Whether `window`, from a key's first byte on, starts with this name.
+    #[inline(always)]
+    fn matches(&self, window: &[u8; 24]) -> bool {
+        let mut diff = 0;
+        for (i, chunk) in window.chunks_exact(8).enumerate() {
+            let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            diff |= (word ^ self.words[i]) & self.masks[i];
+        }
+        diff == 0
+    }
+}
+
+/// The slot of a key by its first two bytes. No two contract keys share
+/// one (checked when [`KEYS`] is built, at compile time).
+#[inline(always)]
+const fn key_slot(first: u8, second: u8) -> usize {
+    (first as usize + second as usize * 7) % 64
+}
+
+/// The contract keys by [`key_slot`].
+static KEYS: [Option<KeyWords>; 64] = {
+    let mut table = [const { None }; 64];
+    let mut i = 0;
+    while i < Field::ALL.len() {
+        let field = Field::ALL[i];
+        let name = Field::NAMES[field as usize].as_bytes();
+        assert!(
+            name.len() >= 2 && name.len() < 24,
+            "contract keys have 2 to 23 bytes"
+        );
+        let mut words = [0u64; 3];
+        let mut masks = [0u64; 3];
+        let mut j = 0;
+        while j < name.len() {
+            words[j / 8] |= (name[j] as u64) << (8 * (j % 8));
+            masks[j / 8] |= 0xff << (8 * (j % 8));
+            j += 1;
+        }
+        let slot = key_slot(name[0], name[1]);
+        assert!(table[slot].is_none(), "two contract keys share a slot");
+        table[slot] = Some(KeyWords {
+            field,
+            len: name.len() as u8,
+            words,
+            masks,
+        });
+        i += 1;
+    }
+    table
+};
+
 /// Whether any byte is `\\` or below 0x20, for a message's bytes past the
 /// quote bitmap. Written over fixed 16-byte arrays so that the compiler
 /// turns each step into a few SSE2 compares.
@@ -325,26 +400,37 @@ mod tests {
 
     #[test]
     fn every_contract_key_is_matched_in_place_and_nothing_else() {
-        for f in Field::ALL {
-            let first = f.as_str().as_bytes()[0];
-            assert!(Field::starting_with(first).contains(&f), "{f}");
-            let text = format!("\"{f}\":1");
-            let mut s = Scanner::new(&text).unwrap();
-            assert_eq!(s.key(), Some(Ok(f)));
-            assert_eq!(s.at, f.as_str().len() + 2);
-            // A longer or shorter key that starts the same is not the field.
-            for odd in [
-                format!("{f}x"),
-                f.as_str()[..f.as_str().len() - 1].to_string(),
-            ] {
-                let text = format!("\"{odd}\":1");
+        // Both compares: in words, with 24 bytes or more left from the key
+        // on, and byte-wise near the message's end.
+        for value in ["1", &"1".repeat(40)] {
+            for f in Field::ALL {
+                let text = format!("\"{f}\":{value}");
                 let mut s = Scanner::new(&text).unwrap();
-                assert_eq!(s.key(), Some(Err(odd.as_str())));
+                assert_eq!(s.key(), Some(Ok(f)), "{text}");
+                assert_eq!(s.at, f.as_str().len() + 2);
+                let name = f.as_str();
+                // A longer or shorter key that starts the same, or one that
+                // differs in any one byte, is not the field.
+                let mut odds = vec![format!("{f}x"), name[..name.len() - 1].to_string()];
+                for at in 0..name.len() {
+                    let mut b = name.as_bytes().to_vec();
+                    b[at] ^= 0x20;
+                    odds.push(String::from_utf8(b).unwrap());
+                }
+                for odd in odds {
+                    let text = format!("\"{odd}\":{value}");
+                    let mut s = Scanner::new(&text).unwrap();
+                    assert_eq!(s.key(), Some(Err(odd.as_str())), "{text}");
+                    assert_eq!(s.at, odd.len() + 2);
+                }
             }
-        }
-        for odd in ["\"\"", "\"tz\"", "\"Ts\"", "\"é\""] {
-            let mut s = Scanner::new(odd).unwrap();
-            assert_eq!(s.key(), Some(Err(&odd[1..odd.len() - 1])), "{odd}");
+            for odd in ["", "tz", "Ts", "é", "ttl_ms_", "keepalive_sent_mono_msx"] {
+                let text = format!("\"{odd}\":{value}");
+                let Some(mut s) = Scanner::new(&text) else {
+                    continue;
+                };
+                assert_eq!(s.key(), Some(Err(odd)), "{text}");
+            }
         }
         // An unterminated key is the serde walk's.
         for odd in ["\"ts", "\"t", "ts"] {
