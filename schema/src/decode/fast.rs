@@ -160,7 +160,14 @@ impl<'a> Scanner<'a> {
                 }
             }
         }
-        Some(Err(&self.text[after_quote..end]))
+        Some(Err(self.slice(after_quote, end)))
+    }
+
+    /// The text between two quotes. `split_at` checks the two char
+    /// boundaries inline, where indexing by a range called out of line.
+    #[inline(always)]
+    fn slice(&self, start: usize, end: usize) -> &'a str {
+        self.text.split_at(end).0.split_at(start).1
     }
 
     /// A string; its text between the quotes. [`scan`] has made sure the
@@ -174,7 +181,7 @@ impl<'a> Scanner<'a> {
         let start = self.at + 1;
         let end = self.quotes.next(bytes, start)?;
         self.at = end + 1;
-        Some(&self.text[start..end])
+        Some(self.slice(start, end))
     }
 
     /// A non-negative number within the limits above.
