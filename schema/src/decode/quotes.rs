@@ -176,20 +176,15 @@ mod tests {
     fn escapes_and_control_characters_anywhere_are_refused() {
         for len in [1, 16, 64, 100, COVERED, COVERED + 40] {
             for at in [0, len / 2, len - 1] {
-                for odd in [b'\\', 0x00, 0x09, 0x0a, 0x1f] {
+                let refused = [b'\\', 0x00, 0x09, 0x0a, 0x1f].map(|b| (b, true));
+                let fine = [b' ', 0x7f, 0x80, 0xc3, 0xff].map(|b| (b, false));
+                for (byte, refuse) in refused.into_iter().chain(fine) {
                     let mut text = vec![b'x'; len];
-                    text[at] = odd;
-                    assert!(
+                    text[at] = byte;
+                    assert_eq!(
                         Quotes::find(&text).is_none(),
-                        "len {len} at {at} byte {odd:#x}"
-                    );
-                }
-                for fine in [b' ', 0x7f, 0x80, 0xc3, 0xff] {
-                    let mut text = vec![b'x'; len];
-                    text[at] = fine;
-                    assert!(
-                        Quotes::find(&text).is_some(),
-                        "len {len} at {at} byte {fine:#x}"
+                        refuse,
+                        "len {len} at {at} byte {byte:#x}"
                     );
                 }
             }
