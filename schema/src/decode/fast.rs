@@ -348,25 +348,6 @@ static KEYS: [Option<KeyWords>; 64] = {
     table
 };
 
-/// Whether any byte is `\\` or below 0x20, for a message's bytes past the
-/// quote bitmap. Written over fixed 16-byte arrays so that the compiler
-/// turns each step into a few SSE2 compares.
-pub(super) fn has_escape_or_control(bytes: &[u8]) -> bool {
-    let odd = |c: u8| c < 0x20 || c == b'\\';
-    let mut chunks = bytes.chunks_exact(16);
-    for chunk in &mut chunks {
-        let chunk: &[u8; 16] = chunk.try_into().expect("16 bytes");
-        let mut seen = 0u8;
-        for &c in chunk {
-            seen |= u8::from(c < 0x20) | u8::from(c == b'\\');
-        }
-        if seen != 0 {
-            return true;
-        }
-    }
-    chunks.remainder().iter().any(|&c| odd(c))
-}
-
 /// Slice equality without a call into `memcmp`, which costs more than the
 /// compare itself for names this short: two overlapping word compares (of
 /// 8, 4 or 2 bytes) cover any length up to twice the word, and a loop of
