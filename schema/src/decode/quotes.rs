@@ -107,7 +107,7 @@ fn has_escape_or_control(bytes: &[u8]) -> bool {
 /// the portable loop below (it came to 9,183 instructions per event).
 #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 #[inline(always)]
-fn chunk_masks(chunk: &[u8; 16]) -> (u32, u32) {
+fn sse2_chunk_masks(chunk: &[u8; 16]) -> (u32, u32) {
     use safe_arch::{
         bitor_m128i, cmp_eq_mask_i8_m128i, load_unaligned_m128i, min_u8_m128i, move_mask_i8_m128i,
         set_splat_i8_m128i,
@@ -123,9 +123,21 @@ fn chunk_masks(chunk: &[u8; 16]) -> (u32, u32) {
     )
 }
 
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+use sse2_chunk_masks as chunk_masks;
+
 #[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+use portable_chunk_masks as chunk_masks;
+
+/// The quote bits of 16 bytes, and non-zero where one of them is a
+/// backslash or a control character. Compiled everywhere so that the test
+/// holds the SSE2 version to it.
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "sse2", not(test)),
+    allow(dead_code)
+)]
 #[inline(always)]
-fn chunk_masks(chunk: &[u8; 16]) -> (u32, u32) {
+fn portable_chunk_masks(chunk: &[u8; 16]) -> (u32, u32) {
     let mut quote = 0u32;
     let mut odd = 0u32;
     for (i, &c) in chunk.iter().enumerate() {
@@ -137,7 +149,26 @@ fn chunk_masks(chunk: &[u8; 16]) -> (u32, u32) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Quotes, COVERED};
+    use super::{portable_chunk_masks, Quotes, COVERED};
+
+    /// The SSE2 masks are the portable loop's: every byte value in every
+    /// lane, among neighbours of every class.
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    #[test]
+    fn sse2_masks_match_the_portable_loop() {
+        for lane in 0..16 {
+            for byte in 0..=255u8 {
+                for around in [b'a', b'"', b'\\', 0x00, 0x1f, 0x20, 0x7f, 0x80, 0xff] {
+                    let mut chunk = [around; 16];
+                    chunk[lane] = byte;
+                    let (quote, odd) = super::sse2_chunk_masks(&chunk);
+                    let (want_quote, want_odd) = portable_chunk_masks(&chunk);
+                    assert_eq!(quote, want_quote, "{chunk:?}");
+                    assert_eq!(odd != 0, want_odd != 0, "{chunk:?}");
+                }
+            }
+        }
+    }
 
     /// Every quote is found, at every offset and across block, word and
     /// bitmap edges, as `memchr` would find it.
