@@ -21,6 +21,7 @@ use serde_json::value::RawValue;
 use crate::event::{Kind, LeaseEvent, Source};
 
 mod fast;
+mod keys;
 mod quotes;
 mod utc;
 
@@ -103,52 +104,7 @@ impl Field {
     }
 
     fn from_key(key: &str) -> Option<Field> {
-        // A few candidates by first byte, then one compare each: a chain of
-        // string compares per key was a visible cost per event. Kept in step
-        // with `as_str` by the `from_key_inverts_as_str` test.
-        let first = *key.as_bytes().first()?;
-        Field::starting_with(first)
-            .iter()
-            .copied()
-            .find(|f| f.as_str() == key)
-    }
-
-    /// The fields whose names start with `first`: the key lookup of both
-    /// the serde walk and the fast path's in-place match.
-    fn starting_with(first: u8) -> &'static [Field] {
-        // Indexed by first letter: a load, where a match was a jump table.
-        const BY_FIRST: [&[Field]; 26] = [
-            &[Field::Attrs],                            // a
-            &[Field::Backend],                          // b
-            &[],                                        // c
-            &[Field::DeadlineMonoMs],                   // d
-            &[Field::EventId],                          // e
-            &[Field::FencingToken],                     // f
-            &[],                                        // g
-            &[Field::HolderId],                         // h
-            &[],                                        // i
-            &[],                                        // j
-            &[Field::Kind, Field::KeepaliveSentMonoMs], // k
-            &[Field::LeaseId, Field::LatencyMs],        // l
-            &[Field::MonoMs, Field::MaxToken],          // m
-            &[],                                        // n
-            &[],                                        // o
-            &[],                                        // p
-            &[],                                        // q
-            &[Field::Reason],                           // r
-            &[Field::Source, Field::SpanId],            // s
-            &[Field::Ts, Field::TtlMs, Field::TraceId], // t
-            &[],                                        // u
-            &[],                                        // v
-            &[],                                        // w
-            &[],                                        // x
-            &[],                                        // y
-            &[],                                        // z
-        ];
-        BY_FIRST
-            .get(usize::from(first.wrapping_sub(b'a')))
-            .copied()
-            .unwrap_or(&[])
+        keys::lookup(key.as_bytes())
     }
 }
 
