@@ -45,5 +45,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     $(printf '%s\n' "${missing[@]}" | sort -u)
 fi
 
+# A run from a clean checkout gains nothing from incremental state, and
+# that state roughly doubles the disk a cold build takes (CI once ran out
+# of space mid-build). Set CARGO_INCREMENTAL=1 to keep it between runs.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
+# Say how much disk there is before the build, so a build that dies of a
+# full disk is recognised as such from the log.
+df -h . 2>/dev/null | tail -n 1 | awk '{print "== disk: " $4 " free on " $6 " =="}' || true
+
 echo "== cargo test =="
 cargo test --workspace --no-fail-fast "$@"
