@@ -201,9 +201,9 @@ pub fn decode_str(text: &str) -> Result<LeaseEvent<'_>, DecodeError> {
     // Not `decode_str_fast_only(..).unwrap_or_else(..)`: the event would be
     // returned through an `Option` and copied once more, a measured 2 % of
     // the instructions of decode to Arrow.
-    let mut raw = RawEvent::default();
-    match fast::scan(text, &mut raw) {
-        Some(()) => raw.validate(),
+    let mut checked = Checked::default();
+    match fast::scan(text, &mut checked) {
+        Some(()) => checked.finish(),
         None => decode_str_by_serde(text),
     }
 }
@@ -213,9 +213,9 @@ pub fn decode_str(text: &str) -> Result<LeaseEvent<'_>, DecodeError> {
 /// for use elsewhere.
 #[doc(hidden)]
 pub fn decode_str_fast_only(text: &str) -> Option<Result<LeaseEvent<'_>, DecodeError>> {
-    let mut raw = RawEvent::default();
-    fast::scan(text, &mut raw)?;
-    Some(raw.validate())
+    let mut checked = Checked::default();
+    fast::scan(text, &mut checked)?;
+    Some(checked.finish())
 }
 
 /// [`decode_str`] without the fast path: every input through the serde
@@ -527,24 +527,7 @@ impl<'de> RawEvent<'de> {
 
     /// An unknown top-level field, given its value's JSON text.
     fn put_unknown(&mut self, key: Cow<'de, str>, text: &'de str) {
-        // Unknown fields never make an event invalid. Strings go to attrs as
-        // they are; other values keep their JSON text so nothing the producer
-        // sent is lost.
-        let value = if text.len() >= 2 && text.starts_with('"') && !text.as_bytes().contains(&b'\\')
-        {
-            // A string without escapes: its text between the quotes.
-            Cow::Borrowed(&text[1..text.len() - 1])
-        } else if text.starts_with('"') {
-            match serde_json::from_str::<Cow<'de, str>>(text) {
-                Ok(s) => s,
-                Err(_) => Cow::Borrowed(text),
-            }
-        } else {
-            Cow::Borrowed(text)
-        };
-        if text != "null" {
-            self.extra.push((key, value));
-        }
+        put_unknown(&mut self.extra, key, text);
     }
 
     fn note(&mut self, reason: RejectReason, message: impl Into<String>) {
@@ -635,11 +618,7 @@ impl<'de> RawEvent<'de> {
     fn hex(field: Field, v: Option<Scalar<'de>>, digits: usize) -> Check<Option<Cow<'de, str>>> {
         let v = Self::string(field, v)?;
         if let Some(s) = &v {
-            // A fold rather than `all`: without the early exit it vectorises.
-            let ok = s.len() == digits
-                && s.bytes()
-                    .fold(true, |ok, b| ok & matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-            if !ok {
+            if !is_lower_hex(s, digits) {
                 return Err(DecodeError::new(
                     RejectReason::BadFormat(field),
                     format!("{field} must be {digits} lowercase hex digits, got {s:?}"),
@@ -662,10 +641,7 @@ impl<'de> RawEvent<'de> {
                     .map_err(|e| bad(format!("ts {s:?} is not RFC 3339 with an offset: {e}")))?;
                 Ok(Some(t.timestamp_micros()))
             }
-            Some(Scalar::U64(ms)) => i64::try_from(ms)
-                .ok()
-                .and_then(|ms| ms.checked_mul(1000))
-                .filter(|us| chrono::DateTime::from_timestamp_micros(*us).is_some())
+            Some(Scalar::U64(ms)) => epoch_ms_micros(ms)
                 .map(Some)
                 .ok_or_else(|| bad(format!("ts {ms} is out of range for epoch milliseconds"))),
             Some(Scalar::I64(ms)) => ms
@@ -692,7 +668,7 @@ impl<'de> RawEvent<'de> {
         let RawEvent {
             fields,
             attrs,
-            mut extra,
+            extra,
             first_error,
         } = self;
         if let Some(e) = first_error {
@@ -748,14 +724,93 @@ impl<'de> RawEvent<'de> {
         let deadline_mono_ms = Self::non_negative(Field::DeadlineMonoMs, deadline_mono_ms)?;
         let trace_id = Self::hex(Field::TraceId, trace_id, 32)?;
         let span_id = Self::hex(Field::SpanId, span_id, 16)?;
-        let mut attrs = match attrs {
+        let attrs = match attrs {
             None | Some(Attrs::Null) => Vec::new(),
             Some(Attrs::Map(m)) => m,
             Some(Attrs::Invalid(m)) => {
                 return Err(DecodeError::new(RejectReason::WrongType(Field::Attrs), m))
             }
         };
+        Checked {
+            ts,
+            kind,
+            source,
+            lease_id,
+            holder_id,
+            fencing_token,
+            ttl_ms,
+            event_id,
+            backend,
+            latency_ms,
+            reason,
+            max_token,
+            mono_ms,
+            keepalive_sent_mono_ms,
+            deadline_mono_ms,
+            trace_id,
+            span_id,
+            attrs,
+            extra,
+        }
+        .finish()
+    }
+}
 
+/// The fields once each has passed its own checks (type, range, format),
+/// before the checks between fields. Both parsers end here: the serde walk
+/// through [`RawEvent::validate`], the fast path directly, so the rules
+/// between fields and the handling of attrs exist once.
+#[derive(Default)]
+struct Checked<'de> {
+    ts: Option<i64>,
+    kind: Option<Kind>,
+    source: Option<Source>,
+    lease_id: Option<Cow<'de, str>>,
+    holder_id: Option<Cow<'de, str>>,
+    fencing_token: Option<u64>,
+    ttl_ms: Option<i64>,
+    event_id: Option<Cow<'de, str>>,
+    backend: Option<Cow<'de, str>>,
+    latency_ms: Option<f64>,
+    reason: Option<Cow<'de, str>>,
+    max_token: Option<u64>,
+    mono_ms: Option<f64>,
+    keepalive_sent_mono_ms: Option<f64>,
+    deadline_mono_ms: Option<f64>,
+    trace_id: Option<Cow<'de, str>>,
+    span_id: Option<Cow<'de, str>>,
+    /// The `attrs` object's pairs, as sent.
+    attrs: Vec<Attr<'de>>,
+    /// Unknown top-level fields, as sent.
+    extra: Vec<Attr<'de>>,
+}
+
+impl<'de> Checked<'de> {
+    /// The kind-dependent presence rules, then attrs merged with the
+    /// unknown fields.
+    #[inline(always)]
+    fn finish(self) -> Check<LeaseEvent<'de>> {
+        let Checked {
+            ts,
+            kind,
+            source,
+            lease_id,
+            holder_id,
+            fencing_token,
+            ttl_ms,
+            event_id,
+            backend,
+            latency_ms,
+            reason,
+            max_token,
+            mono_ms,
+            keepalive_sent_mono_ms,
+            deadline_mono_ms,
+            trace_id,
+            span_id,
+            mut attrs,
+            mut extra,
+        } = self;
         let missing = |f: Field| {
             DecodeError::new(
                 RejectReason::MissingField(f),
@@ -811,6 +866,44 @@ impl<'de> RawEvent<'de> {
             attrs,
         })
     }
+}
+
+/// Files an unknown top-level field, given its value's JSON text.
+fn put_unknown<'de>(extra: &mut Vec<Attr<'de>>, key: Cow<'de, str>, text: &'de str) {
+    // Unknown fields never make an event invalid. Strings go to attrs as
+    // they are; other values keep their JSON text so nothing the producer
+    // sent is lost.
+    let value = if text.len() >= 2 && text.starts_with('"') && !text.as_bytes().contains(&b'\\') {
+        // A string without escapes: its text between the quotes.
+        Cow::Borrowed(&text[1..text.len() - 1])
+    } else if text.starts_with('"') {
+        match serde_json::from_str::<Cow<'de, str>>(text) {
+            Ok(s) => s,
+            Err(_) => Cow::Borrowed(text),
+        }
+    } else {
+        Cow::Borrowed(text)
+    };
+    if text != "null" {
+        extra.push((key, value));
+    }
+}
+
+/// Epoch milliseconds as microseconds, if chrono can represent them.
+fn epoch_ms_micros(ms: u64) -> Option<i64> {
+    i64::try_from(ms)
+        .ok()
+        .and_then(|ms| ms.checked_mul(1000))
+        .filter(|us| chrono::DateTime::from_timestamp_micros(*us).is_some())
+}
+
+/// Exactly `digits` lowercase hex digits.
+#[inline(always)]
+fn is_lower_hex(s: &str, digits: usize) -> bool {
+    // A fold rather than `all`: without the early exit it vectorises.
+    s.len() == digits
+        && s.bytes()
+            .fold(true, |ok, b| ok & matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 type Attr<'de> = (Cow<'de, str>, Cow<'de, str>);

@@ -14,13 +14,22 @@
 
 use std::borrow::Cow;
 
-use super::keys;
 use super::quotes::Quotes;
-use super::{Attrs, Field, RawEvent, Scalar};
+use super::{epoch_ms_micros, is_lower_hex, keys, put_unknown, utc};
+use super::{Checked, Field, Scalar, MAX_ID_BYTES};
+use crate::event::{Kind, Source};
 
-/// Fills `raw` from `text` if all of `text` is in the subset; `None`
-/// otherwise, with `raw` left half-filled for the caller to drop.
-pub(super) fn scan<'a>(text: &'a str, raw: &mut RawEvent<'a>) -> Option<()> {
+/// Fills `out` from `text` if all of `text` is in the subset and every
+/// contract field in it is plainly valid on its own; `None` otherwise, with
+/// `out` left half-filled for the caller to drop.
+///
+/// Each contract field is read as the type it must have and checked as
+/// [`super::RawEvent::validate`] checks it; a field that would be refused
+/// (wrong type, out of range, bad format, given twice) or a timestamp in a
+/// shape other than the common UTC one is the serde walk's, which words
+/// the refusal. So this path answers only where the checks between fields
+/// ([`Checked::finish`], shared with the serde walk) decide.
+pub(super) fn scan<'a>(text: &'a str, out: &mut Checked<'a>) -> Option<()> {
     // One vectorised pass up front rules out escapes and control characters
     // anywhere, so that a string's end is simply the next quote, and notes
     // where the quotes are. Compact producers send neither; whitespace other
@@ -29,6 +38,8 @@ pub(super) fn scan<'a>(text: &'a str, raw: &mut RawEvent<'a>) -> Option<()> {
     s.ws();
     s.eat(b'{')?;
     s.ws();
+    // The contract fields met so far, one bit each.
+    let mut seen = 0u32;
     if !s.eat_if(b'}') {
         // Spaces are skipped where a byte is looked at anyway (a key's
         // quote, a value's first byte, the separators), not by a separate
@@ -37,14 +48,20 @@ pub(super) fn scan<'a>(text: &'a str, raw: &mut RawEvent<'a>) -> Option<()> {
             let key = s.key()?;
             s.eat_spaced(b':').then_some(())?;
             match key {
-                Ok(Field::Attrs) => raw.put_attrs(s.attrs()?),
-                Ok(field) => raw.put(field, s.scalar()?),
+                Ok(field) => {
+                    let bit = 1u32 << field as u32;
+                    if seen & bit != 0 {
+                        return None;
+                    }
+                    seen |= bit;
+                    s.field(field, out)?;
+                }
                 Err(key) => {
                     // The value's own text, as serde's `RawValue` gives it.
                     s.ws();
                     let start = s.at;
                     s.scalar()?;
-                    raw.put_unknown(Cow::Borrowed(key), &text[start..s.at]);
+                    put_unknown(&mut out.extra, Cow::Borrowed(key), &text[start..s.at]);
                 }
             }
             if s.eat_spaced(b'}') {
@@ -215,6 +232,83 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// A contract field's value, after any spaces, read as the type the
+    /// field must have and checked as the serde walk's `validate` checks
+    /// it. `null` is an absent field there, and here.
+    #[inline(always)]
+    fn field(&mut self, field: Field, out: &mut Checked<'a>) -> Option<()> {
+        if self.peek()? == b' ' {
+            self.ws();
+        }
+        let first = self.peek()?;
+        if first == b'n' {
+            return self.literal("null");
+        }
+        match field {
+            Field::Ts => {
+                out.ts = Some(if first == b'"' {
+                    utc::micros(self.string()?)?
+                } else {
+                    epoch_ms_micros(self.integer()?)?
+                })
+            }
+            Field::Kind => out.kind = Some(Kind::parse(self.string()?)?),
+            Field::Source => out.source = Some(Source::parse(self.string()?)?),
+            Field::LeaseId => out.lease_id = Some(self.id()?),
+            Field::HolderId => out.holder_id = Some(self.id()?),
+            Field::FencingToken => out.fencing_token = Some(self.integer()?),
+            Field::TtlMs => {
+                out.ttl_ms = Some(i64::try_from(self.integer()?).ok().filter(|&t| t > 0)?)
+            }
+            Field::EventId => out.event_id = Some(Cow::Borrowed(self.string()?)),
+            Field::Backend => out.backend = Some(Cow::Borrowed(self.string()?)),
+            Field::LatencyMs => out.latency_ms = Some(self.float()?),
+            Field::Reason => out.reason = Some(Cow::Borrowed(self.string()?)),
+            Field::MaxToken => out.max_token = Some(self.integer()?),
+            Field::MonoMs => out.mono_ms = Some(self.float()?),
+            Field::KeepaliveSentMonoMs => out.keepalive_sent_mono_ms = Some(self.float()?),
+            Field::DeadlineMonoMs => out.deadline_mono_ms = Some(self.float()?),
+            Field::TraceId => out.trace_id = Some(self.hex(32)?),
+            Field::SpanId => out.span_id = Some(self.hex(16)?),
+            Field::Attrs => out.attrs = self.attrs()?,
+        }
+        Some(())
+    }
+
+    /// A `lease_id` or `holder_id`: a string of 1 to `MAX_ID_BYTES` bytes.
+    #[inline(always)]
+    fn id(&mut self) -> Option<Cow<'a, str>> {
+        let s = self.string()?;
+        (!s.is_empty() && s.len() <= MAX_ID_BYTES).then_some(Cow::Borrowed(s))
+    }
+
+    /// A string of exactly `digits` lowercase hex digits.
+    #[inline(always)]
+    fn hex(&mut self, digits: usize) -> Option<Cow<'a, str>> {
+        let s = self.string()?;
+        is_lower_hex(s, digits).then_some(Cow::Borrowed(s))
+    }
+
+    /// A number without a fraction. (The subset has no minus sign.)
+    #[inline(always)]
+    fn integer(&mut self) -> Option<u64> {
+        match self.number()? {
+            Scalar::U64(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Any number, as the f64 the serde walk makes of it. (The subset has no
+    /// minus sign, so it is never negative.)
+    #[inline(always)]
+    fn float(&mut self) -> Option<f64> {
+        match self.number()? {
+            Scalar::U64(n) => Some(n as f64),
+            Scalar::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+
     /// Any value the subset has but an object or an array, after any
     /// spaces.
     #[inline(always)]
@@ -241,19 +335,14 @@ impl<'a> Scanner<'a> {
         })
     }
 
-    /// `attrs`: `null` or an object of strings. Anything else, wrong or not,
-    /// is the serde walk's to judge.
-    fn attrs(&mut self) -> Option<Attrs<'a>> {
-        self.ws();
-        if self.peek()? == b'n' {
-            self.literal("null")?;
-            return Some(Attrs::Null);
-        }
+    /// `attrs` other than `null`: an object of strings. Anything else,
+    /// wrong or not, is the serde walk's to judge.
+    fn attrs(&mut self) -> Option<Vec<(Cow<'a, str>, Cow<'a, str>)>> {
         self.eat(b'{')?;
         self.ws();
         let mut out = Vec::new();
         if self.eat_if(b'}') {
-            return Some(Attrs::Map(out));
+            return Some(out);
         }
         loop {
             let key = self.string()?;
@@ -264,7 +353,7 @@ impl<'a> Scanner<'a> {
             out.push((Cow::Borrowed(key), Cow::Borrowed(value)));
             self.ws();
             if self.eat_if(b'}') {
-                return Some(Attrs::Map(out));
+                return Some(out);
             }
             self.eat(b',')?;
             self.ws();
@@ -275,7 +364,7 @@ impl<'a> Scanner<'a> {
 #[cfg(test)]
 mod tests {
     use super::{scan, Scanner};
-    use crate::decode::{Field, RawEvent};
+    use crate::decode::{Checked, Field};
 
     #[test]
     fn every_contract_key_is_matched_in_place_and_nothing_else() {
@@ -321,7 +410,7 @@ mod tests {
     #[test]
     fn escapes_and_control_characters_anywhere_go_the_serde_way() {
         let plain = r#"{"lease_id":"a","pod":"b"}"#;
-        assert!(scan(plain, &mut RawEvent::default()).is_some());
+        assert!(scan(plain, &mut Checked::default()).is_some());
         for (at, odd) in [
             (14, "\\n"),
             (14, "\\\""),
@@ -333,7 +422,7 @@ mod tests {
         ] {
             let mut text = plain.to_string();
             text.insert_str(at, odd);
-            assert!(scan(&text, &mut RawEvent::default()).is_none(), "{text:?}");
+            assert!(scan(&text, &mut Checked::default()).is_none(), "{text:?}");
         }
     }
 }
