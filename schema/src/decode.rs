@@ -790,44 +790,23 @@ impl<'de> Checked<'de> {
     /// unknown fields.
     #[inline(always)]
     fn finish(self) -> Check<LeaseEvent<'de>> {
-        let Checked {
-            ts,
-            kind,
-            source,
-            lease_id,
-            holder_id,
-            fencing_token,
-            ttl_ms,
-            event_id,
-            backend,
-            latency_ms,
-            reason,
-            max_token,
-            mono_ms,
-            keepalive_sent_mono_ms,
-            deadline_mono_ms,
-            trace_id,
-            span_id,
-            mut attrs,
-            mut extra,
-        } = self;
         let missing = |f: Field| {
             DecodeError::new(
                 RejectReason::MissingField(f),
                 format!("required field {f} is missing"),
             )
         };
-        let ts = ts.ok_or_else(|| missing(Field::Ts))?;
-        let kind = kind.ok_or_else(|| missing(Field::Kind))?;
-        let source = source.ok_or_else(|| missing(Field::Source))?;
-        let lease_id = lease_id.ok_or_else(|| missing(Field::LeaseId))?;
-        if holder_id.is_none() && !kind.holder_optional() {
+        let ts_us = self.ts.ok_or_else(|| missing(Field::Ts))?;
+        let kind = self.kind.ok_or_else(|| missing(Field::Kind))?;
+        let source = self.source.ok_or_else(|| missing(Field::Source))?;
+        let lease_id = self.lease_id.ok_or_else(|| missing(Field::LeaseId))?;
+        if self.holder_id.is_none() && !kind.holder_optional() {
             return Err(missing(Field::HolderId));
         }
-        if fencing_token.is_none() && kind.requires_fencing_token() {
+        if self.fencing_token.is_none() && kind.requires_fencing_token() {
             return Err(missing(Field::FencingToken));
         }
-        if ttl_ms.is_none() && kind == Kind::Acquired {
+        if self.ttl_ms.is_none() && kind == Kind::Acquired {
             return Err(missing(Field::TtlMs));
         }
 
@@ -835,7 +814,9 @@ impl<'de> Checked<'de> {
         // in `attrs` and among unknown top-level fields alike. Explicit attrs
         // win over unknown top-level fields of the same name. Sort and merge
         // rather than search, so many unknown fields cost n log n, not n^2.
+        let mut attrs = self.attrs;
         sort_last_wins(&mut attrs);
+        let mut extra = self.extra;
         if !extra.is_empty() {
             sort_last_wins(&mut extra);
             attrs = if attrs.is_empty() {
@@ -846,23 +827,23 @@ impl<'de> Checked<'de> {
         }
 
         Ok(LeaseEvent {
-            ts_us: ts,
+            ts_us,
             kind,
             source,
             lease_id,
-            holder_id,
-            fencing_token,
-            ttl_ms,
-            event_id,
-            backend,
-            latency_ms,
-            reason,
-            max_token,
-            mono_ms,
-            keepalive_sent_mono_ms,
-            deadline_mono_ms,
-            trace_id,
-            span_id,
+            holder_id: self.holder_id,
+            fencing_token: self.fencing_token,
+            ttl_ms: self.ttl_ms,
+            event_id: self.event_id,
+            backend: self.backend,
+            latency_ms: self.latency_ms,
+            reason: self.reason,
+            max_token: self.max_token,
+            mono_ms: self.mono_ms,
+            keepalive_sent_mono_ms: self.keepalive_sent_mono_ms,
+            deadline_mono_ms: self.deadline_mono_ms,
+            trace_id: self.trace_id,
+            span_id: self.span_id,
             attrs,
         })
     }
