@@ -6,11 +6,12 @@
 //! integer digits or 15 significant digits in all, whose `attrs` is `null`
 //! or an object of strings, and whose other values are strings, `true`,
 //! `false` or `null`. Any other input, including every syntax error, makes
-//! [`scan`] answer `None` and the caller parse it again with serde, so this
-//! scanner never has to decide what is invalid, only what is plainly valid.
-//! Within the subset it files exactly what the serde walk files (the
-//! differential tests in `schema/tests/fast_path.rs` and the fuzz target
-//! check this on every input).
+//! [`scan`] answer `None` and the caller parse it again with serde, and so
+//! does a contract field that its own check would refuse: this scanner never
+//! has to word a refusal, only decide what is plainly valid. What it keeps
+//! is exactly what the serde walk's checks keep (the differential tests in
+//! `schema/tests/fast_path.rs` and the fuzz target check this on every
+//! input).
 
 use std::borrow::Cow;
 
