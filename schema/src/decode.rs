@@ -458,7 +458,7 @@ impl<'de> Visitor<'de> for TopVisitor {
                 Some(field) => raw.put(field, map.next_value::<Scalar<'de>>()?),
                 None => {
                     let v: &'de RawValue = map.next_value()?;
-                    raw.put_unknown(key, v.get());
+                    put_unknown(&mut raw.extra, key, v.get());
                 }
             }
         }
@@ -523,11 +523,6 @@ impl<'de> RawEvent<'de> {
             );
         }
         self.attrs = Some(v);
-    }
-
-    /// An unknown top-level field, given its value's JSON text.
-    fn put_unknown(&mut self, key: Cow<'de, str>, text: &'de str) {
-        put_unknown(&mut self.extra, key, text);
     }
 
     fn note(&mut self, reason: RejectReason, message: impl Into<String>) {
@@ -644,9 +639,7 @@ impl<'de> RawEvent<'de> {
             Some(Scalar::U64(ms)) => epoch_ms_micros(ms)
                 .map(Some)
                 .ok_or_else(|| bad(format!("ts {ms} is out of range for epoch milliseconds"))),
-            Some(Scalar::I64(ms)) => ms
-                .checked_mul(1000)
-                .filter(|us| chrono::DateTime::from_timestamp_micros(*us).is_some())
+            Some(Scalar::I64(ms)) => epoch_ms_micros(ms)
                 .map(Some)
                 .ok_or_else(|| bad(format!("ts {ms} is out of range for epoch milliseconds"))),
             Some(Scalar::F64(v)) => Err(bad(format!(
@@ -870,11 +863,12 @@ fn put_unknown<'de>(extra: &mut Vec<Attr<'de>>, key: Cow<'de, str>, text: &'de s
     }
 }
 
-/// Epoch milliseconds as microseconds, if chrono can represent them.
-fn epoch_ms_micros(ms: u64) -> Option<i64> {
-    i64::try_from(ms)
+/// Epoch milliseconds (signed or not) as microseconds, if chrono can
+/// represent them.
+fn epoch_ms_micros(ms: impl TryInto<i64>) -> Option<i64> {
+    ms.try_into()
         .ok()
-        .and_then(|ms| ms.checked_mul(1000))
+        .and_then(|ms: i64| ms.checked_mul(1000))
         .filter(|us| chrono::DateTime::from_timestamp_micros(*us).is_some())
 }
 
