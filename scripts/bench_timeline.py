@@ -142,27 +142,26 @@ def pct(values, q):
 def main():
     bin_, lake, rounds, lookups = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     files = live_files(lake)
-    con = duckdb.connect()
-    events = con.execute("SELECT count(*) FROM read_parquet($files)", {"files": files}).fetchone()[0]
+    # Each side runs alone, so every DuckDB connection is closed as soon as
+    # it is done: one left open slows the next `leaseline sql` by a quarter
+    # to a half (measured in session 9: 3.2-3.35 s with it closed, 4.0-5.75 s
+    # with it open).
+    with duckdb.connect() as con:
+        events = con.execute("SELECT count(*) FROM read_parquet($files)", {"files": files}).fetchone()[0]
+        threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     size = sum(os.path.getsize(f) for f in files)
     print(f"lake: {events:,} events in {len(files)} Parquet files, {size / 2**20:.0f} MiB")
-    threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     print(f"duckdb {duckdb.__version__}, threads {threads}")
-    # Each side runs alone: a DuckDB connection left open after its query
-    # slows the next `leaseline sql` by a quarter to a half (measured in
-    # session 9: 3.2-3.35 s with it closed, 4.0-5.75 s with it open).
-    con.close()
 
     ours, theirs, ratios = [], [], []
     for r in range(rounds):
         t = time.perf_counter()
         ll = leaseline_sql(bin_, lake, AGGREGATE.format(table="lease_timeline"))
         ll_s = time.perf_counter() - t
-        con = duckdb.connect()  # no state carried between rounds
-        t = time.perf_counter()
-        dd = con.execute(AGGREGATE.format(table=f"({GRANTS_SQL})"), {"files": files}).fetchone()
-        dd_s = time.perf_counter() - t
-        con.close()
+        with duckdb.connect() as con:  # no state carried between rounds
+            t = time.perf_counter()
+            dd = con.execute(AGGREGATE.format(table=f"({GRANTS_SQL})"), {"files": files}).fetchone()
+            dd_s = time.perf_counter() - t
         ours.append(ll_s)
         theirs.append(dd_s)
         ratios.append(ll_s / dd_s)
@@ -175,24 +174,24 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         csv = Path(tmp) / "timeline.csv"
         csv.write_text(leaseline_sql(bin_, lake, f"SELECT {COMPARE_COLUMNS} FROM lease_timeline"))
-        con = duckdb.connect()
-        con.execute(f"CREATE TABLE ours AS SELECT {COMPARE_COLUMNS} FROM read_csv('{csv}', header=true, all_varchar=true)")
-        con.execute(
-            f"CREATE TABLE theirs AS SELECT {', '.join(f'CAST({c.strip()} AS VARCHAR) AS {c.strip()}' for c in COMPARE_COLUMNS.split(','))} "
-            f"FROM ({GRANTS_SQL})", {"files": files})
-        n_ours = con.execute("SELECT count(*) FROM ours").fetchone()[0]
-        n_theirs = con.execute("SELECT count(*) FROM theirs").fetchone()[0]
-        only_ours = con.execute("SELECT count(*) FROM (SELECT * FROM ours EXCEPT ALL SELECT * FROM theirs)").fetchone()[0]
-        only_theirs = con.execute("SELECT count(*) FROM (SELECT * FROM theirs EXCEPT ALL SELECT * FROM ours)").fetchone()[0]
-        print(f"agreement: leaseline {n_ours:,} grants, duckdb {n_theirs:,}; "
-              f"rows only in leaseline {only_ours}, only in duckdb {only_theirs} "
-              f"(columns {COMPARE_COLUMNS})")
-        if only_ours:
-            for row in con.execute("SELECT * FROM (SELECT * FROM ours EXCEPT ALL SELECT * FROM theirs) LIMIT 3").fetchall():
-                print(f"  e.g. leaseline: {row}")
-            for row in con.execute("SELECT * FROM (SELECT * FROM theirs EXCEPT ALL SELECT * FROM ours) LIMIT 3").fetchall():
-                print(f"  e.g. duckdb:    {row}")
-        leases = [r[0] for r in con.execute("SELECT DISTINCT lease_id FROM ours").fetchall()]
+        with duckdb.connect() as con:
+            con.execute(f"CREATE TABLE ours AS SELECT {COMPARE_COLUMNS} FROM read_csv('{csv}', header=true, all_varchar=true)")
+            con.execute(
+                f"CREATE TABLE theirs AS SELECT {', '.join(f'CAST({c.strip()} AS VARCHAR) AS {c.strip()}' for c in COMPARE_COLUMNS.split(','))} "
+                f"FROM ({GRANTS_SQL})", {"files": files})
+            n_ours = con.execute("SELECT count(*) FROM ours").fetchone()[0]
+            n_theirs = con.execute("SELECT count(*) FROM theirs").fetchone()[0]
+            only_ours = con.execute("SELECT count(*) FROM (SELECT * FROM ours EXCEPT ALL SELECT * FROM theirs)").fetchone()[0]
+            only_theirs = con.execute("SELECT count(*) FROM (SELECT * FROM theirs EXCEPT ALL SELECT * FROM ours)").fetchone()[0]
+            print(f"agreement: leaseline {n_ours:,} grants, duckdb {n_theirs:,}; "
+                  f"rows only in leaseline {only_ours}, only in duckdb {only_theirs} "
+                  f"(columns {COMPARE_COLUMNS})")
+            if only_ours:
+                for row in con.execute("SELECT * FROM (SELECT * FROM ours EXCEPT ALL SELECT * FROM theirs) LIMIT 3").fetchall():
+                    print(f"  e.g. leaseline: {row}")
+                for row in con.execute("SELECT * FROM (SELECT * FROM theirs EXCEPT ALL SELECT * FROM ours) LIMIT 3").fetchall():
+                    print(f"  e.g. duckdb:    {row}")
+            leases = [r[0] for r in con.execute("SELECT DISTINCT lease_id FROM ours").fetchall()]
 
     print(f"leaseline timeline build: median {statistics.median(ours):.2f} s; "
           f"duckdb: median {statistics.median(theirs):.2f} s; "

@@ -626,6 +626,16 @@ impl<'de> RawEvent<'de> {
     #[inline(always)]
     fn timestamp(v: Option<Scalar<'de>>) -> Check<Option<i64>> {
         let bad = |m: String| DecodeError::new(RejectReason::BadTimestamp, m);
+        // Integer epoch milliseconds come signed or unsigned; one check and
+        // one message for both.
+        fn epoch_ms(ms: impl TryInto<i64> + std::fmt::Display + Copy) -> Check<Option<i64>> {
+            epoch_ms_micros(ms).map(Some).ok_or_else(|| {
+                DecodeError::new(
+                    RejectReason::BadTimestamp,
+                    format!("ts {ms} is out of range for epoch milliseconds"),
+                )
+            })
+        }
         match Self::present(v) {
             None => Ok(None),
             Some(Scalar::Str(s)) => {
@@ -636,12 +646,8 @@ impl<'de> RawEvent<'de> {
                     .map_err(|e| bad(format!("ts {s:?} is not RFC 3339 with an offset: {e}")))?;
                 Ok(Some(t.timestamp_micros()))
             }
-            Some(Scalar::U64(ms)) => epoch_ms_micros(ms)
-                .map(Some)
-                .ok_or_else(|| bad(format!("ts {ms} is out of range for epoch milliseconds"))),
-            Some(Scalar::I64(ms)) => epoch_ms_micros(ms)
-                .map(Some)
-                .ok_or_else(|| bad(format!("ts {ms} is out of range for epoch milliseconds"))),
+            Some(Scalar::U64(ms)) => epoch_ms(ms),
+            Some(Scalar::I64(ms)) => epoch_ms(ms),
             Some(Scalar::F64(v)) => Err(bad(format!(
                 "ts {v} is not an integer number of epoch milliseconds"
             ))),
