@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
@@ -450,21 +450,67 @@ fn the_paused_holder_timeline_picture_shows_both_grants_the_expiry_and_the_rejec
     assert_eq!(reply.text(), svg);
 }
 
-/// Expands Grafana's macros and variables in a panel's SQL the way its
-/// PostgreSQL data source does for a time range and a chosen lease.
-fn expand_sql(sql: &str, from: &str, to: &str, lease: &str) -> String {
+/// Expands a panel's or a variable's SQL the way Grafana does for a time
+/// range and variable values: variables first (in the browser), where
+/// `${name:sqlstring}` doubles single quotes and wraps the value in single
+/// quotes and a bare `${name}` or `$name` is the raw value, then the
+/// PostgreSQL data source's macros (on the server), with the range as
+/// RFC 3339 in UTC. An unknown macro or format fails the test, as it would
+/// fail the panel.
+fn expand_sql(sql: &str, from: &str, to: &str, vars: &[(&str, &str)]) -> String {
+    let value = |name: &str| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    let ident_len = |s: &str| {
+        s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(s.len())
+    };
     let mut out = String::new();
     let mut rest = sql;
-    while let Some(i) = rest.find("$__timeFilter(") {
+    while let Some(i) = rest.find('$') {
         out.push_str(&rest[..i]);
-        let after = &rest[i + "$__timeFilter(".len()..];
-        let end = after.find(')').unwrap();
-        let col = &after[..end];
-        out.push_str(&format!("{col} BETWEEN '{from}' AND '{to}'"));
-        rest = &after[end + 1..];
+        let after = &rest[i + 1..];
+        if let Some(braced) = after.strip_prefix('{') {
+            let end = braced.find('}').expect("unclosed ${");
+            let (name, format) = match braced[..end].split_once(':') {
+                Some((n, f)) => (n, Some(f)),
+                None => (&braced[..end], None),
+            };
+            let v = value(name).unwrap_or_else(|| panic!("no value for variable {name}"));
+            match format {
+                None => out.push_str(v),
+                Some("sqlstring") => out.push_str(&format!("'{}'", v.replace('\'', "''"))),
+                Some(other) => panic!("format {other} of ${{{name}}} is not expanded here"),
+            }
+            rest = &braced[end + 1..];
+        } else {
+            let n = ident_len(after);
+            match value(&after[..n]) {
+                Some(v) => out.push_str(v),
+                None => out.push_str(&rest[i..i + 1 + n]),
+            }
+            rest = &after[n..];
+        }
     }
     out.push_str(rest);
-    out.replace("${lease}", lease).replace("$lease", lease)
+
+    let sql = out;
+    let mut out = String::new();
+    let mut rest = sql.as_str();
+    while let Some(i) = rest.find("$__") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let open = after.find('(').expect("a macro takes parentheses");
+        let close = open + after[open..].find(')').unwrap();
+        let arg = after[open + 1..close].trim();
+        out.push_str(&match &after[..open] {
+            "__timeFilter" => format!("{arg} BETWEEN '{from}' AND '{to}'"),
+            "__timeFrom" => format!("'{from}'"),
+            "__timeTo" => format!("'{to}'"),
+            other => panic!("macro ${other} is not expanded here"),
+        });
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `leaseline demo` on free ports: the process, the HTTP address and the
@@ -527,7 +573,8 @@ fn psql(port: u16, args: &[&str], sql: &str) -> std::process::Output {
         .expect("psql (scripts/test.sh installs postgresql-client)")
 }
 
-fn psql_columns(port: u16, sql: &str) -> (Vec<String>, usize) {
+/// A query's column names and rows, through psql.
+fn psql_table(port: u16, sql: &str) -> (Vec<String>, Vec<Vec<String>>) {
     let out = psql(port, &["-A", "-F", "\t", "-P", "footer=off"], sql);
     assert!(
         out.status.success(),
@@ -536,13 +583,85 @@ fn psql_columns(port: u16, sql: &str) -> (Vec<String>, usize) {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     let mut lines = text.lines();
-    let header = lines
-        .next()
-        .unwrap_or_default()
-        .split('\t')
-        .map(str::to_string)
-        .collect();
-    (header, lines.count())
+    let split = |l: &str| l.split('\t').map(str::to_string).collect::<Vec<_>>();
+    let header = lines.next().map(split).unwrap_or_default();
+    (header, lines.map(split).collect())
+}
+
+fn psql_columns(port: u16, sql: &str) -> (Vec<String>, usize) {
+    let (header, rows) = psql_table(port, sql);
+    (header, rows.len())
+}
+
+fn dashboards() -> Vec<(String, serde_json::Value)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let d = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            found.push((name, d));
+        }
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        found.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        [
+            "fleet-overview",
+            "incident-drilldown",
+            "lease-ownership",
+            "leaseline-health"
+        ]
+    );
+    found
+}
+
+/// Microseconds since the epoch of an RFC 3339 time or of a timestamp as
+/// psql prints it.
+fn micros(t: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(t)
+        .or_else(|_| chrono::DateTime::parse_from_str(t, "%Y-%m-%d %H:%M:%S%.f%#z"))
+        .unwrap_or_else(|e| panic!("{t:?}: {e}"))
+        .timestamp_micros()
+}
+
+fn rfc3339(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
+/// Values of a dashboard's template variables, resolved as Grafana does:
+/// a textbox is its default, a query variable its query's first value (the
+/// query expanded with the variables before it); data source variables
+/// only pick the data source.
+fn resolve_variables(
+    d: &serde_json::Value,
+    pg: u16,
+    from: &str,
+    to: &str,
+) -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    for v in d["templating"]["list"].as_array().unwrap() {
+        let name = v["name"].as_str().unwrap().to_string();
+        match v["type"].as_str().unwrap() {
+            "datasource" => {}
+            "textbox" => vars.push((name, v["query"].as_str().unwrap().to_string())),
+            "query" => {
+                let refs: Vec<(&str, &str)> =
+                    vars.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+                let q = expand_sql(v["query"].as_str().unwrap(), from, to, &refs);
+                let (_, rows) = psql_table(pg, &q);
+                let first = rows.first().map(|r| r[0].clone()).unwrap_or_default();
+                assert!(!first.is_empty(), "variable {name} has values: {q}");
+                vars.push((name, first));
+            }
+            other => panic!("variable {name}: unexpected type {other}"),
+        }
+    }
+    vars
 }
 
 #[test]
@@ -563,30 +682,22 @@ fn every_dashboard_panel_query_runs_against_a_live_serve_fed_by_the_simulator() 
         demo.logs()
     );
     let prometheus = Prometheus::start(dir.path(), &http);
-    std::thread::sleep(std::time::Duration::from_secs(4));
+    assert!(
+        wait_until(std::time::Duration::from_secs(30), || !prometheus
+            .query("leaseline_ingest_events_total")
+            .is_empty()),
+        "Prometheus never scraped leaseline:\n{}",
+        prometheus.proc.logs()
+    );
 
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs() as i64;
-    let rfc = |s: i64| {
-        let out = Command::new("date")
-            .args(["-u", "-d", &format!("@{s}"), "+%Y-%m-%dT%H:%M:%SZ"])
-            .output()
-            .unwrap();
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
-    let (from, to) = (rfc(now - 3600), rfc(now + 3600));
-    let dashboards = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards");
+        .as_micros() as i64;
+    let hour = 3_600_000_000;
+    let (from, to) = (rfc3339(now - hour), rfc3339(now + hour));
     let mut panels_checked = 0;
-    for name in [
-        "fleet-overview",
-        "lease-ownership",
-        "incident-drilldown",
-        "leaseline-health",
-    ] {
-        let text = std::fs::read_to_string(dashboards.join(format!("{name}.json"))).unwrap();
-        let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (name, d) in dashboards() {
         // What Grafana requires of a dashboard model.
         for key in [
             "uid",
@@ -598,34 +709,17 @@ fn every_dashboard_panel_query_runs_against_a_live_serve_fed_by_the_simulator() 
         ] {
             assert!(!d[key].is_null(), "{name} lacks {key}");
         }
-        // The lease variable, resolved as Grafana would: its query's first value.
-        let mut lease = String::new();
-        for v in d["templating"]["list"].as_array().unwrap() {
-            let q = v["query"].as_str().unwrap();
-            let out = psql(pg, &["-A", "-t"], q);
-            assert!(
-                out.status.success(),
-                "{q}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            lease = String::from_utf8(out.stdout)
-                .unwrap()
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            assert!(!lease.is_empty(), "variable {} has values", v["name"]);
-        }
+        let vars = resolve_variables(&d, pg, &from, &to);
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
         for p in d["panels"].as_array().unwrap() {
             let title = p["title"].as_str().unwrap();
             let ptype = p["type"].as_str().unwrap();
             assert!(p["gridPos"]["w"].as_u64().unwrap() > 0, "{title}");
-            let ds = p["datasource"]["uid"].as_str().unwrap();
             for t in p["targets"].as_array().unwrap() {
                 panels_checked += 1;
-                match ds {
-                    "leaseline-sql" => {
-                        let sql = expand_sql(t["rawSql"].as_str().unwrap(), &from, &to, &lease);
+                match t["datasource"]["type"].as_str().unwrap() {
+                    "grafana-postgresql-datasource" => {
+                        let sql = expand_sql(t["rawSql"].as_str().unwrap(), &from, &to, &vars);
                         let (cols, _rows) = psql_columns(pg, &sql);
                         match ptype {
                             "timeseries" | "state-timeline" => {
@@ -636,7 +730,7 @@ fn every_dashboard_panel_query_runs_against_a_live_serve_fed_by_the_simulator() 
                             other => panic!("{name}/{title}: unexpected panel type {other}"),
                         }
                     }
-                    "leaseline-prom" => {
+                    "prometheus" => {
                         let expr = t["expr"]
                             .as_str()
                             .unwrap()
@@ -668,8 +762,440 @@ fn every_dashboard_panel_query_runs_against_a_live_serve_fed_by_the_simulator() 
             "SELECT date_bin(INTERVAL '1 minute', acquired_at) AS time, count(*) AS grants FROM lease_timeline WHERE $__timeFilter(acquired_at) GROUP BY 1",
             &from,
             &to,
-            "",
+            &[],
         ),
     );
     assert!(rows >= 1);
+}
+
+/// A faulty coordinator's double grant of `shards/00030`: token 383 goes to
+/// worker-b at 10:00:08 while worker-a holds 382 (released at 10:00:12),
+/// and 385 to worker-d at 10:00:31 while worker-c holds 384. Token 381 ended
+/// before the dashboards' range (10:00:10 to 10:00:36); 382 and 383 were
+/// acquired before it and still valid at its start; worker-q's one-hour
+/// grant of `tenant/o'hara` spans it. `shards/00099` has events only before
+/// the range, `shards/00100` one exactly at its end, `shards/00101` one
+/// just after.
+const DOUBLE_GRANT: &str = r#"{"ts":"2026-09-14T09:58:00.000Z","kind":"acquired","source":"coordinator","lease_id":"shards/00099","holder_id":"worker-y","fencing_token":1,"ttl_ms":1000}
+{"ts":"2026-09-14T09:58:01.000Z","kind":"expired","source":"coordinator","lease_id":"shards/00099","holder_id":"worker-y","fencing_token":1}
+{"ts":"2026-09-14T09:59:00.000Z","kind":"acquired","source":"coordinator","lease_id":"tenant/o'hara","holder_id":"worker-q","fencing_token":7,"ttl_ms":3600000}
+{"ts":"2026-09-14T09:59:50.000Z","kind":"acquired","source":"coordinator","lease_id":"shards/00030","holder_id":"worker-z","fencing_token":381,"ttl_ms":5000}
+{"ts":"2026-09-14T09:59:54.000Z","kind":"released","source":"holder","lease_id":"shards/00030","holder_id":"worker-z","fencing_token":381}
+{"ts":"2026-09-14T10:00:00.000Z","kind":"acquired","source":"coordinator","lease_id":"shards/00030","holder_id":"worker-a","fencing_token":382,"ttl_ms":10000}
+{"ts":"2026-09-14T10:00:05.000Z","kind":"renewed","source":"holder","lease_id":"shards/00030","holder_id":"worker-a","fencing_token":382,"ttl_ms":10000}
+{"ts":"2026-09-14T10:00:08.000Z","kind":"acquired","source":"coordinator","lease_id":"shards/00030","holder_id":"worker-b","fencing_token":383,"ttl_ms":10000}
+{"ts":"2026-09-14T10:00:12.000Z","kind":"released","source":"holder","lease_id":"shards/00030","holder_id":"worker-a","fencing_token":382}
+{"ts":"2026-09-14T10:00:14.000Z","kind":"acquired","source":"coordinator","lease_id":"orders/o'brien's","holder_id":"worker-1","fencing_token":1,"ttl_ms":2000}
+{"ts":"2026-09-14T10:00:16.000Z","kind":"expired","source":"coordinator","lease_id":"orders/o'brien's","holder_id":"worker-1","fencing_token":1}
+{"ts":"2026-09-14T10:00:18.000Z","kind":"expired","source":"coordinator","lease_id":"shards/00030","holder_id":"worker-b","fencing_token":383}
+{"ts":"2026-09-14T10:00:20.000Z","kind":"write_accepted","source":"resource","lease_id":"tenant/o'hara","holder_id":"worker-q","fencing_token":7}
+{"ts":"2026-09-14T10:00:25.000Z","kind":"acquired","source":"coordinator","lease_id":"shards/00030","holder_id":"worker-c","fencing_token":384,"ttl_ms":10000}
+{"ts":"2026-09-14T10:00:30.000Z","kind":"renewed","source":"holder","lease_id":"shards/00030","holder_id":"worker-c","fencing_token":384,"ttl_ms":10000}
+{"ts":"2026-09-14T10:00:31.000Z","kind":"acquired","source":"coordinator","lease_id":"shards/00030","holder_id":"worker-d","fencing_token":385,"ttl_ms":10000}
+{"ts":"2026-09-14T10:00:33.500Z","kind":"released","source":"holder","lease_id":"shards/00030","holder_id":"worker-d","fencing_token":385}
+{"ts":"2026-09-14T10:00:36.000Z","kind":"acquired","source":"coordinator","lease_id":"shards/00100","holder_id":"worker-x","fencing_token":1,"ttl_ms":1000}
+{"ts":"2026-09-14T10:00:36.001Z","kind":"acquired","source":"coordinator","lease_id":"shards/00101","holder_id":"worker-x","fencing_token":1,"ttl_ms":1000}
+"#;
+
+const RANGE: (&str, &str) = ("2026-09-14T10:00:10Z", "2026-09-14T10:00:36Z");
+
+/// `leaseline serve` over a lake holding [`DOUBLE_GRANT`].
+fn double_grant_server(dir: &Path) -> Server {
+    let events = dir.join("double-grant.ndjson");
+    std::fs::write(&events, DOUBLE_GRANT).unwrap();
+    let lake = dir.join("lake");
+    import_with(&lake, &[&events], &[]);
+    let server = Server::start(&lake, &[], dir);
+    assert_ne!(server.pg_port, 0, "{}", server.proc.logs());
+    server
+}
+
+/// Every lease of [`DOUBLE_GRANT`] and its event times, from the file.
+fn double_grant_events() -> Vec<(String, i64)> {
+    DOUBLE_GRANT
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["lease_id"].as_str().unwrap().to_string(),
+                micros(v["ts"].as_str().unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// A panel state as the set of (token, holder) it names.
+fn named_grants(state: &str) -> BTreeSet<(u64, String)> {
+    if state == "(nobody)" {
+        return BTreeSet::new();
+    }
+    state
+        .split(" + ")
+        .map(|g| {
+            let (holder, token) = g
+                .rsplit_once(" · token ")
+                .unwrap_or_else(|| panic!("{state:?}"));
+            (token.parse().unwrap(), holder.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn every_state_timeline_shows_the_grants_the_audit_finds_valid_at_each_instant() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = double_grant_server(dir.path());
+    let pg = server.pg_port;
+    let (from, to) = RANGE;
+    let (t0, t1) = (micros(from), micros(to));
+    let leases: BTreeSet<String> = double_grant_events().into_iter().map(|(l, _)| l).collect();
+
+    let mut panels = 0;
+    for (name, d) in dashboards() {
+        for p in d["panels"].as_array().unwrap() {
+            if p["type"] != "state-timeline" {
+                continue;
+            }
+            panels += 1;
+            let title = p["title"].as_str().unwrap();
+            let sql = p["targets"][0]["rawSql"].as_str().unwrap();
+            for lease in &leases {
+                let vars = [("lease_search", ""), ("lease", lease.as_str())];
+                let (cols, rows) = psql_table(pg, &expand_sql(sql, from, to, &vars));
+                assert_eq!(cols, ["time", "holder", "grants"], "{name}/{title}");
+                let shown: Vec<(i64, String, usize)> = rows
+                    .iter()
+                    .map(|r| (micros(&r[0]), r[1].clone(), r[2].parse().unwrap()))
+                    .collect();
+                let at = format!("{name}/{title}, {lease}");
+                assert!(
+                    shown.windows(2).all(|w| w[0].0 < w[1].0),
+                    "{at}: one row per instant, in time order: {shown:?}"
+                );
+                // A state timeline draws nothing before its first row.
+                assert_eq!(shown.first().map(|r| r.0), Some(t0), "{at}: {shown:?}");
+                assert!(shown.iter().all(|r| r.0 <= t1), "{at}: {shown:?}");
+
+                // The audit's own answer.
+                let (_, grants) = psql_table(
+                    pg,
+                    &format!(
+                        "SELECT fencing_token, holder_id, acquired_at, valid_until FROM lease_timeline WHERE lease_id = '{}'",
+                        lease.replace('\'', "''")
+                    ),
+                );
+                assert!(!grants.is_empty(), "{lease}");
+                let grants: Vec<(u64, String, i64, Option<i64>)> = grants
+                    .iter()
+                    .map(|g| {
+                        let until = (!g[3].is_empty()).then(|| micros(&g[3]));
+                        (g[0].parse().unwrap(), g[1].clone(), micros(&g[2]), until)
+                    })
+                    .collect();
+                // Every 100 ms, and either side of every change of the audit.
+                let mut instants: BTreeSet<i64> = (t0..=t1).step_by(100_000).collect();
+                for (_, _, acquired, until) in &grants {
+                    for t in [Some(*acquired), *until].into_iter().flatten() {
+                        instants.extend(
+                            [t - 1, t, t + 1]
+                                .into_iter()
+                                .filter(|i| (t0..=t1).contains(i)),
+                        );
+                    }
+                }
+                for s in instants {
+                    let (_, state, count) = shown.iter().rev().find(|r| r.0 <= s).unwrap();
+                    let valid: BTreeSet<(u64, String)> = grants
+                        .iter()
+                        .filter(|(_, _, acquired, until)| {
+                            *acquired <= s && until.is_none_or(|u| s < u)
+                        })
+                        .map(|(token, holder, _, _)| (*token, holder.clone()))
+                        .collect();
+                    assert_eq!(named_grants(state), valid, "{at} at {}", rfc3339(s));
+                    assert_eq!(*count, valid.len(), "{at} at {}", rfc3339(s));
+                }
+            }
+
+            // The exact answer for the double grant, by hand.
+            let vars = [("lease_search", ""), ("lease", "shards/00030")];
+            let (_, rows) = psql_table(pg, &expand_sql(sql, from, to, &vars));
+            let rows: Vec<(String, &str, &str)> = rows
+                .iter()
+                .map(|r| (rfc3339(micros(&r[0])), r[1].as_str(), r[2].as_str()))
+                .collect();
+            let rows: Vec<(&str, &str, &str)> =
+                rows.iter().map(|(t, h, n)| (t.as_str(), *h, *n)).collect();
+            assert_eq!(
+                rows,
+                [
+                    (
+                        "2026-09-14T10:00:10Z",
+                        "worker-a · token 382 + worker-b · token 383",
+                        "2"
+                    ),
+                    ("2026-09-14T10:00:12Z", "worker-b · token 383", "1"),
+                    ("2026-09-14T10:00:18Z", "(nobody)", "0"),
+                    ("2026-09-14T10:00:25Z", "worker-c · token 384", "1"),
+                    (
+                        "2026-09-14T10:00:31Z",
+                        "worker-c · token 384 + worker-d · token 385",
+                        "2"
+                    ),
+                    ("2026-09-14T10:00:33.500Z", "worker-c · token 384", "1"),
+                ],
+                "{name}/{title}"
+            );
+            let vars = [("lease_search", ""), ("lease", "tenant/o'hara")];
+            let (_, rows) = psql_table(pg, &expand_sql(sql, from, to, &vars));
+            assert_eq!(rows.len(), 1, "{rows:?}");
+            assert_eq!(rows[0][1], "worker-q · token 7", "{name}/{title}");
+        }
+    }
+    assert_eq!(
+        panels, 2,
+        "the ownership and incident dashboards' timelines"
+    );
+}
+
+#[test]
+fn the_lease_picker_offers_exactly_the_leases_with_events_in_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = double_grant_server(dir.path());
+    let (from, to) = RANGE;
+    let (t0, t1) = (micros(from), micros(to));
+    let events = double_grant_events();
+    let mut pickers = 0;
+    for (name, d) in dashboards() {
+        for v in d["templating"]["list"].as_array().unwrap() {
+            if v["name"] != "lease" {
+                continue;
+            }
+            pickers += 1;
+            assert_eq!(v["type"], "query", "{name}");
+            assert_eq!(
+                v["refresh"], 2,
+                "{name}: refreshed when the time range changes"
+            );
+            let query = v["query"].as_str().unwrap();
+            for search in ["", "o'", "0003", "no such lease"] {
+                let vars = [("lease_search", search)];
+                let (_, rows) = psql_table(server.pg_port, &expand_sql(query, from, to, &vars));
+                let offered: Vec<String> = rows.into_iter().map(|r| r[0].clone()).collect();
+                let expected: Vec<String> = events
+                    .iter()
+                    .filter(|(lease, ts)| (t0..=t1).contains(ts) && lease.contains(search))
+                    .map(|(lease, _)| lease.clone())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                assert_eq!(offered, expected, "{name}, search {search:?}");
+            }
+            let vars = [("lease_search", "")];
+            let (_, rows) = psql_table(server.pg_port, &expand_sql(query, from, to, &vars));
+            assert_eq!(
+                rows.concat(),
+                [
+                    "orders/o'brien's",
+                    "shards/00030",
+                    "shards/00100",
+                    "tenant/o'hara"
+                ],
+                "{name}"
+            );
+        }
+    }
+    assert_eq!(
+        pickers, 2,
+        "the ownership and incident dashboards pick a lease"
+    );
+}
+
+/// `(type, uid)` of every data source in the provisioning file.
+fn provisioned_data_sources() -> BTreeSet<(String, String)> {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../dashboards/provisioning/datasources/leaseline.yaml"),
+    )
+    .unwrap();
+    let mut found = BTreeSet::new();
+    for item in text.split("\n  - ").skip(1) {
+        let field = |key: &str| {
+            item.lines()
+                .find_map(|l| l.trim().strip_prefix(&format!("{key}: ")))
+                .unwrap_or_else(|| panic!("no {key} in {item}"))
+                .to_string()
+        };
+        found.insert((field("type"), field("uid")));
+    }
+    assert_eq!(found.len(), 2, "{text}");
+    found
+}
+
+/// Every `"datasource": {...}` reference in a JSON value, with its path.
+fn datasource_refs(
+    v: &serde_json::Value,
+    path: String,
+    out: &mut Vec<(String, serde_json::Value)>,
+) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, child) in map {
+                let here = format!("{path}/{k}");
+                if k == "datasource" && child.is_object() {
+                    out.push((here.clone(), child.clone()));
+                }
+                datasource_refs(child, here, out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, child) in items.iter().enumerate() {
+                datasource_refs(child, format!("{path}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Grafana's import: every `${NAME}` of an input, in any string, becomes the
+/// uid chosen for it.
+fn import_substitute(
+    v: &serde_json::Value,
+    chosen: &BTreeMap<String, String>,
+) -> serde_json::Value {
+    match v {
+        serde_json::Value::String(s) => {
+            let mut s = s.clone();
+            for (name, uid) in chosen {
+                s = s.replace(&format!("${{{name}}}"), uid);
+            }
+            serde_json::Value::String(s)
+        }
+        serde_json::Value::Array(items) => {
+            items.iter().map(|i| import_substitute(i, chosen)).collect()
+        }
+        serde_json::Value::Object(map) => map
+            .iter()
+            .filter(|(k, _)| *k != "__inputs")
+            .map(|(k, child)| (k.clone(), import_substitute(child, chosen)))
+            .collect(),
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn every_dashboard_asks_for_its_data_sources_on_import_and_finds_the_provisioned_ones() {
+    let provisioned = provisioned_data_sources();
+    for (name, d) in dashboards() {
+        // The inputs Grafana's import asks for.
+        let inputs: BTreeMap<String, String> = d["__inputs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name} has no __inputs"))
+            .iter()
+            .map(|i| {
+                assert_eq!(i["type"], "datasource", "{name}: {i}");
+                let input = i["name"].as_str().unwrap().to_string();
+                (input, i["pluginId"].as_str().unwrap().to_string())
+            })
+            .collect();
+        // The data source variables that stand for the same names when the
+        // dashboard is provisioned, where no input is asked for.
+        let variables: BTreeMap<String, (String, String)> = d["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["type"] == "datasource")
+            .map(|v| {
+                let plugin = v["query"].as_str().unwrap().to_string();
+                let current = v["current"]["value"].as_str().unwrap().to_string();
+                (v["name"].as_str().unwrap().to_string(), (plugin, current))
+            })
+            .collect();
+
+        let mut refs = Vec::new();
+        datasource_refs(&d, String::new(), &mut refs);
+        assert!(!refs.is_empty(), "{name}");
+        let mut used = BTreeSet::new();
+        for (path, r) in &refs {
+            let plugin = r["type"].as_str().unwrap();
+            let uid = r["uid"].as_str().unwrap();
+            let input = uid
+                .strip_prefix("${")
+                .and_then(|u| u.strip_suffix('}'))
+                .unwrap_or_else(|| panic!("{name}{path}: hard-coded data source uid {uid}"));
+            assert_eq!(
+                inputs.get(input).map(String::as_str),
+                Some(plugin),
+                "{name}{path}: {uid} is an input for {plugin}"
+            );
+            let (var_plugin, current) = variables
+                .get(input)
+                .unwrap_or_else(|| panic!("{name}{path}: no data source variable {input}"));
+            assert_eq!(var_plugin, plugin, "{name}: variable {input}");
+            assert!(
+                provisioned.contains(&(plugin.to_string(), current.clone())),
+                "{name}: variable {input} defaults to {current}, not a provisioned {plugin} uid: {provisioned:?}"
+            );
+            used.insert(input.to_string());
+        }
+        assert_eq!(
+            used,
+            inputs.keys().cloned().collect(),
+            "{name}: every input is used"
+        );
+        // Data source variables come first: the lease picker's query needs
+        // its data source resolved.
+        let list = d["templating"]["list"].as_array().unwrap();
+        assert!(
+            list.iter()
+                .take(variables.len())
+                .all(|v| v["type"] == "datasource"),
+            "{name}"
+        );
+        // No uid outside the data source variables' defaults.
+        let mut rest = d.clone();
+        rest["templating"]["list"] = list
+            .iter()
+            .filter(|v| v["type"] != "datasource")
+            .cloned()
+            .collect();
+        let text = rest.to_string();
+        for (_, uid) in &provisioned {
+            assert!(!text.contains(uid.as_str()), "{name} hard-codes {uid}");
+        }
+
+        // What Grafana checks before importing.
+        let requires = d["__requires"].as_array().unwrap();
+        let required = |kind: &str, id: &str| {
+            requires
+                .iter()
+                .find(|r| r["type"] == kind && r["id"] == id)
+                .cloned()
+        };
+        let grafana = required("grafana", "grafana").unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(grafana["version"], "10.2.3", "{name}");
+        for plugin in inputs.values() {
+            assert!(required("datasource", plugin).is_some(), "{name}: {plugin}");
+        }
+        for p in d["panels"].as_array().unwrap() {
+            let panel = p["type"].as_str().unwrap();
+            assert!(required("panel", panel).is_some(), "{name}: {panel}");
+        }
+
+        // Imported: every reference is the data source picked for its input.
+        let chosen: BTreeMap<String, String> = inputs
+            .keys()
+            .map(|i| (i.clone(), format!("picked-for-{i}")))
+            .collect();
+        let imported = import_substitute(&d, &chosen);
+        assert!(imported.get("__inputs").is_none());
+        assert!(!imported.to_string().contains("${DS_"), "{name}");
+        let mut refs = Vec::new();
+        datasource_refs(&imported, String::new(), &mut refs);
+        for (path, r) in refs {
+            assert!(
+                r["uid"].as_str().unwrap().starts_with("picked-for-DS_"),
+                "{name}{path}: {r}"
+            );
+        }
+    }
 }
