@@ -958,6 +958,57 @@ fn every_state_timeline_shows_the_grants_the_audit_finds_valid_at_each_instant()
 }
 
 #[test]
+fn the_grants_tables_list_every_grant_that_overlaps_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = double_grant_server(dir.path());
+    let pg = server.pg_port;
+    let (from, to) = RANGE;
+    let (t0, t1) = (micros(from), micros(to));
+    let leases: BTreeSet<String> = double_grant_events().into_iter().map(|(l, _)| l).collect();
+    let mut tables = 0;
+    for (name, d) in dashboards() {
+        for p in d["panels"].as_array().unwrap() {
+            let title = p["title"].as_str().unwrap();
+            if p["type"] != "table" || !title.starts_with("Grants") {
+                continue;
+            }
+            tables += 1;
+            let sql = p["targets"][0]["rawSql"].as_str().unwrap();
+            for lease in &leases {
+                let vars = [("lease_search", ""), ("lease", lease.as_str())];
+                let (cols, rows) = psql_table(pg, &expand_sql(sql, from, to, &vars));
+                let token = cols.iter().position(|c| c == "fencing_token").unwrap();
+                let listed: Vec<u64> = rows.iter().map(|r| r[token].parse().unwrap()).collect();
+                let (_, grants) = psql_table(
+                    pg,
+                    &format!(
+                        "SELECT fencing_token, acquired_at, valid_until FROM lease_timeline WHERE lease_id = '{}' ORDER BY acquired_at",
+                        lease.replace('\'', "''")
+                    ),
+                );
+                let overlapping: Vec<u64> = grants
+                    .iter()
+                    .filter(|g| micros(&g[1]) <= t1 && (g[2].is_empty() || micros(&g[2]) >= t0))
+                    .map(|g| g[0].parse().unwrap())
+                    .collect();
+                assert_eq!(listed, overlapping, "{name}/{title}, {lease}");
+            }
+            // 382 and 383 were acquired before the range and held into it;
+            // 381 ended before it.
+            let vars = [("lease_search", ""), ("lease", "shards/00030")];
+            let (cols, rows) = psql_table(pg, &expand_sql(sql, from, to, &vars));
+            let token = cols.iter().position(|c| c == "fencing_token").unwrap();
+            let listed: Vec<&str> = rows.iter().map(|r| r[token].as_str()).collect();
+            assert_eq!(listed, ["382", "383", "384", "385"], "{name}/{title}");
+        }
+    }
+    assert_eq!(
+        tables, 2,
+        "the ownership and incident dashboards list grants"
+    );
+}
+
+#[test]
 fn the_lease_picker_offers_exactly_the_leases_with_events_in_the_range() {
     let dir = tempfile::tempdir().unwrap();
     let server = double_grant_server(dir.path());
