@@ -144,8 +144,8 @@ def main():
     files = live_files(lake)
     # Each side runs alone, so every DuckDB connection is closed as soon as
     # it is done: one left open slows the next `leaseline sql` by a quarter
-    # to a half (measured in session 9: 3.2-3.35 s with it closed, 4.0-5.75 s
-    # with it open).
+    # to a half (measured on 2026-11-30: 3.2-3.35 s with it closed,
+    # 4.0-5.75 s with it open).
     with duckdb.connect() as con:
         events = con.execute("SELECT count(*) FROM read_parquet($files)", {"files": files}).fetchone()[0]
         threads = con.execute("SELECT current_setting('threads')").fetchone()[0]

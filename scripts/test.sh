@@ -10,14 +10,89 @@
 #   - Prometheus, promtool and Alertmanager (Debian's prometheus and
 #     prometheus-alertmanager): the alert tests start an Alertmanager and a
 #     Prometheus of their own on free loopback ports, and run promtool on
-#     the shipped rules.
+#     the shipped rules;
+#   - the jsonschema package for Python, which checks
+#     docs/lease-event.schema.json against the decoder.
+# Before any of that it makes sure the build itself can run (README.md,
+# "Building"): Rust at least the workspace's rust-version, which it cannot
+# install, and the Debian packages of a C toolchain, pkg-config, the OpenSSL
+# and zlib headers and Python 3 with pip, which it installs when missing.
+# Anything it cannot provide stops it with one line naming what to install,
+# and exit status 2.
 # Usage: scripts/test.sh [extra cargo test args]
+#   LEASELINE_TEST_PREREQS_ONLY=1 scripts/test.sh   only the build prerequisites
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=never
+# Debian 12 and later refuse `pip install` outside a virtualenv (PEP 668);
+# the test machine's Python is meant to carry these test tools. Older pips
+# ignore the variable.
+export PIP_BREAK_SYSTEM_PACKAGES=1
 
+die() {
+  echo "scripts/test.sh: $*" >&2
+  exit 2
+}
+
+# Installs Debian packages as root, or through sudo when there is one.
+apt_install() {
+  local sudo_cmd=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install the Debian packages $* first"
+    sudo_cmd="sudo"
+  fi
+  command -v apt-get >/dev/null 2>&1 || die "no apt-get: install the equivalents of the Debian packages $* first"
+  echo "== installing $* =="
+  $sudo_cmd apt-get update -qq || die "apt-get update failed; install the Debian packages $* first"
+  # --no-install-recommends: the services are started by the tests, not
+  # by the package (and not as system services).
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "$@" ||
+    die "apt-get install failed; install the Debian packages $* first"
+}
+
+# Succeeds when dotted version $1 is at least $2.
+version_at_least() {
+  [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]
+}
+
+# --- Build prerequisites ---------------------------------------------------
+# Rust comes from rustup, not Debian (whose rustc is older than the
+# workspace needs), so it is only checked.
+rust_min=$(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' Cargo.toml)
+command -v cargo >/dev/null 2>&1 && command -v rustc >/dev/null 2>&1 ||
+  die "cargo and rustc not found: install Rust $rust_min or newer with rustup (https://rustup.rs)"
+rust_have=$(rustc --version | awk '{print $2}')
+version_at_least "${rust_have%%-*}" "$rust_min" ||
+  die "rustc $rust_have is older than the workspace's rust-version $rust_min: rustup update stable"
+
+# One Debian package per missing piece. A C compiler and make build
+# librdkafka (rdkafka-sys runs its configure script and make; no cmake),
+# zstd, ring and psm; openssl-sys links the system OpenSSL, found by
+# pkg-config, for rdkafka's `ssl` feature; librdkafka links zlib.
+build_missing() {
+  command -v cc >/dev/null 2>&1 || echo build-essential
+  command -v make >/dev/null 2>&1 || echo build-essential
+  command -v pkg-config >/dev/null 2>&1 || echo pkg-config
+  pkg-config --exists openssl 2>/dev/null || echo libssl-dev
+  pkg-config --exists zlib 2>/dev/null || echo zlib1g-dev
+  command -v python3 >/dev/null 2>&1 || echo python3
+  python3 -m pip --version >/dev/null 2>&1 || echo python3-pip
+}
+build_need=$(build_missing | sort -u | paste -sd ' ')
+if [ -n "$build_need" ]; then
+  # shellcheck disable=SC2086 # one word per package
+  apt_install $build_need
+  still=$(build_missing | sort -u | paste -sd ' ')
+  [ -z "$still" ] || die "still missing after apt-get: the Debian packages $still"
+fi
+echo "== build prerequisites: rustc $rust_have (>= $rust_min), cc, make, pkg-config, OpenSSL, zlib, python3 with pip =="
+if [ "${LEASELINE_TEST_PREREQS_ONLY:-0}" = 1 ]; then
+  exit 0
+fi
+
+# --- Test tools --------------------------------------------------------------
 if ! command -v tansu >/dev/null 2>&1; then
   echo "== installing tansu (Kafka-protocol broker) =="
   cargo install tansu --locked --features dynostore
@@ -28,6 +103,11 @@ if ! python3 -c "import duckdb" >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check duckdb
 fi
 
+if ! python3 -c "import jsonschema" >/dev/null 2>&1; then
+  echo "== installing jsonschema for python =="
+  python3 -m pip install --quiet --disable-pip-version-check jsonschema
+fi
+
 missing=()
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
@@ -35,14 +115,8 @@ command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "== installing ${missing[*]} =="
-  sudo_cmd=""
-  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  # --no-install-recommends: the services are started by the tests, not
-  # by the package (and not as system services).
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
-    $(printf '%s\n' "${missing[@]}" | sort -u)
+  # shellcheck disable=SC2046 # one word per package
+  apt_install $(printf '%s\n' "${missing[@]}" | sort -u)
 fi
 
 # A run from a clean checkout gains nothing from incremental state, and

@@ -1,7 +1,7 @@
 //! The `[alerts]` and `[metrics]` tables of the configuration file.
 //!
 //! Every rule has the contract's default ("Alert defaults" in
-//! `shared/spec/lease-events.md`); [`AlertsConfig::validate`] refuses
+//! `docs/event-contract.md`); [`AlertsConfig::validate`] refuses
 //! impossible values at start-up with a message naming the field.
 
 use std::time::Duration;

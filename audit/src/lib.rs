@@ -1,4 +1,4 @@
-//! The lease audit of `shared/spec/lease-events.md` ("What the audit
+//! The lease audit of `docs/event-contract.md` ("What the audit
 //! derives"), as pure logic: SQL over the lake and the streaming alert
 //! engine both run this crate, so the two never disagree.
 //!

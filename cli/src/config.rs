@@ -125,19 +125,121 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// The TOML blocks of a Markdown document. Every opening fence must
+    /// name a language and every fence must close: a stray fence turns the
+    /// rest of the reference into prose, and the blocks after it would
+    /// escape this test.
+    fn toml_blocks(doc: &str) -> Vec<String> {
+        let mut blocks = Vec::new();
+        let mut open: Option<(usize, &str, String)> = None;
+        for (i, line) in doc.lines().enumerate() {
+            let Some(info) = line.trim_start().strip_prefix("```") else {
+                if let Some((_, _, body)) = &mut open {
+                    body.push_str(line);
+                    body.push('\n');
+                }
+                continue;
+            };
+            match open.take() {
+                None => {
+                    let lang = info.trim();
+                    assert!(
+                        !lang.is_empty(),
+                        "line {}: a code block opens without a language; is a fence missing above?",
+                        i + 1
+                    );
+                    open = Some((i + 1, lang, String::new()));
+                }
+                Some((_, lang, body)) => {
+                    assert!(
+                        info.trim().is_empty(),
+                        "line {}: a closing fence with text after it",
+                        i + 1
+                    );
+                    if lang == "toml" {
+                        blocks.push(body);
+                    }
+                }
+            }
+        }
+        if let Some((line, ..)) = open {
+            panic!("the code block opened at line {line} never closes");
+        }
+        blocks
+    }
+
     #[test]
-    fn the_documented_configuration_parses_and_shows_the_defaults() {
-        let doc = include_str!("../../docs/configuration.md");
-        let start = doc.find("```toml").expect("a toml block") + "```toml".len();
-        let end = start + doc[start..].find("```").unwrap();
-        let c: Config = toml::from_str(&doc[start..end]).unwrap();
-        c.alerts.validate().unwrap();
-        let d = Config::default();
-        assert_eq!(c.alerts, d.alerts);
-        assert_eq!(c.metrics, d.metrics);
-        assert_eq!(c.audit, d.audit);
-        assert_eq!(c.query, d.query);
-        assert_eq!(c.serve, d.serve);
+    fn every_documented_key_shows_its_default() {
+        let blocks = toml_blocks(include_str!("../../docs/configuration.md"));
+        assert!(!blocks.is_empty(), "no toml block in docs/configuration.md");
+        let defaults = Config::default();
+        let mut documented = std::collections::BTreeSet::new();
+        for (n, block) in blocks.iter().enumerate() {
+            // Keys a block leaves out take their defaults, so the whole
+            // parsed block equals the defaults exactly when every key it
+            // shows has its default value.
+            let c: Config = toml::from_str(block)
+                .unwrap_or_else(|e| panic!("toml block {} does not parse: {e}", n + 1));
+            c.alerts.validate().unwrap();
+            assert_eq!(
+                c,
+                defaults,
+                "toml block {} documents a value other than the default",
+                n + 1
+            );
+            let table: toml::Table = toml::from_str(block).unwrap();
+            documented.extend(table.keys().cloned());
+        }
+        // Destructured so that a new section fails to compile here until
+        // it is added to the list, and then fails until it is documented.
+        let Config {
+            lake: _,
+            kafka: _,
+            flush: _,
+            compaction: _,
+            audit: _,
+            query: _,
+            serve: _,
+            alerts: _,
+            metrics: _,
+            telemetry: _,
+        } = defaults;
+        let sections = [
+            "lake",
+            "kafka",
+            "flush",
+            "compaction",
+            "audit",
+            "query",
+            "serve",
+            "alerts",
+            "metrics",
+            "telemetry",
+        ];
+        let missing: Vec<_> = sections
+            .iter()
+            .filter(|s| !documented.contains(**s))
+            .collect();
+        assert!(missing.is_empty(), "undocumented sections: {missing:?}");
+    }
+
+    #[test]
+    fn a_block_with_a_changed_default_or_a_stray_fence_is_caught() {
+        // The check above must be able to fail: a changed value differs
+        // from the defaults, and a lost fence is refused.
+        let changed: Config = toml::from_str("[flush]\nmax_rows = 100000\n").unwrap();
+        assert_ne!(changed, Config::default());
+        let stray = "```toml\nlake = \"x\"\n```\n\n[audit]\n```\n";
+        let err = std::panic::catch_unwind(|| toml_blocks(stray)).unwrap_err();
+        let msg = err.downcast_ref::<String>().unwrap();
+        assert_eq!(
+            msg,
+            "line 6: a code block opens without a language; is a fence missing above?"
+        );
+        assert_eq!(
+            toml_blocks("```toml\na = 1\n```\n```sh\nls\n```\n```toml\nb = 2\n```\n"),
+            vec!["a = 1\n".to_string(), "b = 2\n".to_string()]
+        );
     }
 
     #[test]

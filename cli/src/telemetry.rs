@@ -21,7 +21,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 /// The `[telemetry]` table.
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// The OTLP/HTTP base URL (`http://collector:4318`); traces go to
@@ -29,8 +29,20 @@ pub struct TelemetryConfig {
     /// unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
     pub otlp_endpoint: Option<String>,
     /// How often metrics are exported. Default 10 s.
-    #[serde(with = "humantime_serde::option")]
-    pub metrics_interval: Option<Duration>,
+    #[serde(with = "humantime_serde")]
+    pub metrics_interval: Duration,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            // The default is a value here, not left to the exporter, so
+            // that `Config::default()` shows what docs/configuration.md
+            // documents.
+            metrics_interval: Duration::from_secs(10),
+        }
+    }
 }
 
 /// OTLP/HTTP over reqwest's blocking client: the SDK exports from its own
@@ -117,7 +129,7 @@ pub fn init(log_filter: &str, cfg: &TelemetryConfig) -> anyhow::Result<Telemetry
         metrics = metrics.with_endpoint(e);
     }
     let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(metrics.build()?)
-        .with_interval(cfg.metrics_interval.unwrap_or(Duration::from_secs(10)))
+        .with_interval(cfg.metrics_interval)
         .build();
     let meter = SdkMeterProvider::builder()
         .with_reader(reader)

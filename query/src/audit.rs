@@ -82,8 +82,9 @@ static TIMELINE_SCHEMA: std::sync::LazyLock<SchemaRef> = std::sync::LazyLock::ne
         Field::new("writes_accepted", DataType::Int64, false),
         Field::new("stale_writes_rejected", DataType::Int64, false),
         Field::new("trace_id", DataType::Utf8, true),
-        // Beyond the list: when validity ends even while the grant
-        // is still open, and whose report the start time comes from.
+        // Two columns past the grant's own facts, for the dashboards and
+        // postmortems: when validity ends even while the grant is still
+        // open, and whose report the start time comes from.
         Field::new("valid_until", ts(), true),
         Field::new("acquired_by", DataType::Utf8, false),
     ]))
@@ -548,7 +549,7 @@ pub(crate) struct AuditTableProvider {
     pub source: Arc<AuditSource>,
 }
 
-/// What a session's derived tables are computed from: one snapshot, and
+/// What the derived tables of one query session are computed from: one snapshot, and
 /// the engine's cache.
 pub(crate) struct AuditSource {
     pub lake: Lake,

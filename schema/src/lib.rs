@@ -1,4 +1,4 @@
-//! The lease transition event of `shared/spec/lease-events.md`, version 1.
+//! The lease transition event of `docs/event-contract.md`, version 1.1.
 //!
 //! What enters: the bytes of one message (a Kafka value, an NDJSON line).
 //! What leaves: a typed [`LeaseEvent`] or a [`DecodeError`] whose

@@ -1,4 +1,4 @@
-//! Behaviour of the strict decoder against `shared/spec/lease-events.md`.
+//! Behaviour of the strict decoder against `docs/event-contract.md`.
 //!
 //! Every example line of the contract decodes to the right values, every
 //! [`RejectReason`] variant is produced by at least one input, and the Arrow

@@ -1,5 +1,5 @@
 //! A lease traffic simulator that follows the lease discipline of
-//! `shared/spec/lease-events.md`.
+//! `docs/event-contract.md`.
 //!
 //! What enters: a [`SimConfig`] (seed, fleet size, timing, fault rates).
 //! What leaves: [`Simulation`]: the events as contract JSON lines in event
