@@ -26,13 +26,16 @@ pub struct DemoArgs {
     /// The simulator's seed.
     #[arg(long, default_value_t = 1, env = "LEASELINE_DEMO_SEED")]
     pub seed: u64,
-    /// Fault rates per grant: crashes, pauses longer than the TTL, and a
-    /// faulty coordinator's double grants.
-    #[arg(long, default_value_t = 0.01)]
+    /// Rate of holder crashes (per grant): forced expiries.
+    #[arg(long, default_value_t = 0.01, env = "LEASELINE_DEMO_CRASH")]
     pub crash: f64,
-    #[arg(long, default_value_t = 0.02)]
+    /// Rate of stop-the-world pauses longer than the TTL (per grant): the
+    /// paused holder's late write is rejected by its stale token.
+    #[arg(long, default_value_t = 0.02, env = "LEASELINE_DEMO_PAUSE")]
     pub pause: f64,
-    #[arg(long, default_value_t = 0.005)]
+    /// Rate of grants a faulty coordinator makes while a grant is still
+    /// valid (per grant): `overlapping_ownership` violations.
+    #[arg(long, default_value_t = 0.005, env = "LEASELINE_DEMO_DOUBLE_GRANT")]
     pub double_grant: f64,
 }
 
@@ -100,6 +103,53 @@ pub async fn feed(
     Ok(())
 }
 
+/// Marks a directory as the demo's own, so that the next run may replace
+/// it. A directory without it is never deleted.
+const DEMO_MARKER: &str = ".leaseline-demo";
+
+/// The demo's lake, empty. Each run starts afresh: the simulator reissues
+/// the same leases and tokens from the start, so on top of an earlier
+/// run's history its grants would overlap and regress against the old
+/// ones, and the audit would report violations that never happened. The
+/// previous run's lake is kept until the next run starts, for querying.
+pub fn fresh_lake(dir: &str) -> anyhow::Result<Lake> {
+    use anyhow::Context;
+    anyhow::ensure!(
+        !dir.contains("://") || dir.starts_with("file://"),
+        "the demo's lake is a local directory, not {dir}"
+    );
+    let path = std::path::Path::new(dir.strip_prefix("file://").unwrap_or(dir));
+    let occupied = std::fs::read_dir(path)
+        .map(|mut it| it.next().is_some())
+        .unwrap_or(false);
+    if occupied {
+        anyhow::ensure!(
+            path.join(DEMO_MARKER).exists(),
+            "{} is not empty and was not written by `leaseline demo`; the demo starts on a fresh lake each run and deletes only its own, so give it a new or empty directory with --lake",
+            path.display()
+        );
+        std::fs::remove_dir_all(path)
+            .with_context(|| format!("removing the previous demo lake {}", path.display()))?;
+        info!(lake = %path.display(), "replaced the previous demo run's lake");
+    }
+    std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
+    std::fs::write(
+        path.join(DEMO_MARKER),
+        "written by `leaseline demo`; the next run replaces this directory\n",
+    )
+    .with_context(|| format!("marking {} as the demo's", path.display()))?;
+    Ok(Lake::open(dir)?)
+}
+
+/// The lake as a `--lake` argument a person can paste.
+pub fn lake_arg(lake: &Lake) -> String {
+    let url = lake.store().url();
+    match url.to_file_path() {
+        Ok(p) => p.display().to_string(),
+        Err(()) => url.to_string(),
+    }
+}
+
 /// Where to look, printed once the servers listen.
 pub fn banner(http: &str, pg: Option<std::net::SocketAddr>, lake: &str) -> String {
     let psql = match pg {
@@ -122,6 +172,7 @@ Try:
   curl -s -X POST http://{http}/api/v1/sql -d "SELECT lease_id, holder_id, fencing_token, valid FROM lease_holders ORDER BY lease_id LIMIT 10"
   curl -s -X POST http://{http}/api/v1/sql -d "SELECT kind, lease_id, detail FROM lease_violations ORDER BY at DESC LIMIT 5"
   curl -s -X POST http://{http}/api/v1/sql -d "SELECT alertname, lease_id, state, summary FROM lease_alerts ORDER BY recorded_at DESC LIMIT 10"
+  leaseline sql --lake {lake} "SELECT kind, lease_id, fencing_token, detail FROM lease_violations ORDER BY at"
 
 Alerts print below as they fire. Ctrl-C stops (flushes everything first).
 "#

@@ -32,51 +32,52 @@ pub struct SimArgs {
     #[arg(long, default_value = "now", env = "LEASELINE_SIM_START")]
     pub start: String,
     /// Rate of keepalive blips that recover (per keepalive).
-    #[arg(long, default_value_t = 0.002)]
+    #[arg(long, default_value_t = 0.002, env = "LEASELINE_SIM_BLIP")]
     pub blip: f64,
     /// Rate of holder crashes (per grant): forced expiries.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, env = "LEASELINE_SIM_CRASH")]
     pub crash: f64,
     /// Rate of stop-the-world pauses longer than the TTL (per grant).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, env = "LEASELINE_SIM_PAUSE")]
     pub pause: f64,
     /// The resource does not check tokens: a paused holder's write lands.
-    #[arg(long)]
+    #[arg(long, env = "LEASELINE_SIM_UNCHECKED_STORAGE")]
     pub unchecked_storage: bool,
     /// Rate of grants a faulty coordinator makes while a grant is valid.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, env = "LEASELINE_SIM_DOUBLE_GRANT")]
     pub double_grant: f64,
     /// Rate of grants a faulty coordinator makes with a lower token.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, env = "LEASELINE_SIM_TOKEN_REUSE")]
     pub token_reuse: f64,
     /// Rate of clients that fence past their safe deadline.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, env = "LEASELINE_SIM_LATE_FENCE")]
     pub late_fence: f64,
     /// Rate of network partitions between a holder and the coordinator.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, env = "LEASELINE_SIM_PARTITION")]
     pub partition: f64,
     /// Each holder's clock is off by up to this much, either way (e.g.
     /// `200ms`; within the audit's clock-skew tolerance: no violation).
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration, env = "LEASELINE_SIM_CLOCK_SKEW")]
     pub clock_skew: Duration,
     /// Send at most this many events per second (0: as fast as possible,
     /// unless `--realtime`).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, env = "LEASELINE_SIM_RATE")]
     pub rate: f64,
     /// Write NDJSON here (`-`: standard output) unless `--brokers` is given.
-    #[arg(long, default_value = "-")]
+    #[arg(long, default_value = "-", env = "LEASELINE_SIM_OUTPUT")]
     pub output: String,
     /// Produce to Kafka instead (with `--topic`).
     #[arg(long, env = "LEASELINE_SIM_BROKERS")]
     pub brokers: Option<String>,
+    /// The topic to produce to.
     #[arg(long, default_value = "lease-events", env = "LEASELINE_SIM_TOPIC")]
     pub topic: String,
     /// Write the injected violations here, one JSON object per line.
-    #[arg(long)]
+    #[arg(long, env = "LEASELINE_SIM_TRUTH")]
     pub truth: Option<PathBuf>,
     /// Send each event when the wall clock reaches its time, instead of as
     /// fast as possible.
-    #[arg(long)]
+    #[arg(long, env = "LEASELINE_SIM_REALTIME")]
     pub realtime: bool,
 }
 

@@ -5,6 +5,10 @@ use thiserror::Error;
 pub enum LakeError {
     #[error("invalid lake location {location:?}: {reason}")]
     Location { location: String, reason: String },
+    /// A reader was pointed at a location that holds no lake. Readers never
+    /// create one, so that a typo is an error rather than an empty answer.
+    #[error("no lake at {location}: {reason}")]
+    NotFound { location: String, reason: String },
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
     #[error("parquet: {0}")]

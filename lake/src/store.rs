@@ -42,10 +42,20 @@ fn env_options() -> Vec<(String, String)> {
 }
 
 impl LakeStore {
-    /// Opens `location`: a path (created if missing) or a URL such as
-    /// `file:///var/lib/leaseline`, `s3://bucket/prefix`, `gs://...`,
-    /// `az://...`, `memory:///`.
+    /// Opens `location` for writing: a path (created if missing) or a URL
+    /// such as `file:///var/lib/leaseline`, `s3://bucket/prefix`,
+    /// `gs://...`, `az://...`, `memory:///`.
     pub fn open(location: &str) -> Result<Self> {
+        Self::open_with(location, true)
+    }
+
+    /// Opens `location` for reading: a local directory must already exist,
+    /// so that a mistyped path is reported instead of created.
+    pub fn open_existing(location: &str) -> Result<Self> {
+        Self::open_with(location, false)
+    }
+
+    fn open_with(location: &str, create: bool) -> Result<Self> {
         let bad = |reason: String| LakeError::Location {
             location: location.to_string(),
             reason,
@@ -60,7 +70,14 @@ impl LakeStore {
             } else {
                 PathBuf::from(location)
             };
-            std::fs::create_dir_all(&dir)?;
+            if create {
+                std::fs::create_dir_all(&dir)?;
+            } else if !dir.is_dir() {
+                return Err(LakeError::NotFound {
+                    location: location.to_string(),
+                    reason: "no such directory".into(),
+                });
+            }
             let dir = dir.canonicalize()?;
             let url = Url::from_directory_path(&dir).map_err(|_| bad("not absolute".into()))?;
             let store = LocalFileSystem::new_with_prefix(&dir)?;

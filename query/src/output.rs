@@ -88,8 +88,15 @@ pub fn write(
 ) -> Result<(), ArrowError> {
     match format {
         Format::Table => {
-            let table = arrow::util::pretty::pretty_format_batches(batches)?;
+            // With no batches the table would have no header either; an
+            // empty batch of the schema keeps the column names, as psql
+            // shows them for an empty result.
+            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+            let empty = [RecordBatch::new_empty(schema.clone())];
+            let shown = if rows == 0 { &empty[..] } else { batches };
+            let table = arrow::util::pretty::pretty_format_batches(shown)?;
             writeln!(out, "{table}")?;
+            writeln!(out, "({rows} {})", if rows == 1 { "row" } else { "rows" })?;
         }
         Format::Csv => {
             if batches.is_empty() {
