@@ -56,6 +56,20 @@ pub struct ServeConfig {
     /// The PostgreSQL password (SCRAM-SHA-256). Without one, anyone may
     /// connect, which `serve` only allows on a loopback address.
     pub pg_password: Option<String>,
+    /// Bearer tokens of the HTTP API, by their SHA-256, with scopes
+    /// (`query`, `metrics`, `ingest`). Without any, the API is open, which
+    /// `serve` only allows on a loopback address. Default none.
+    pub http_tokens: Vec<leaseline_server::auth::TokenConfig>,
+    /// A TOML file of more tokens (`[[tokens]]` tables like
+    /// `http_tokens`), so they can live apart from the configuration.
+    pub http_tokens_file: Option<std::path::PathBuf>,
+    /// Host names clients use for this server, besides its IP addresses
+    /// and `localhost`; requests naming any other host in `Host` or
+    /// `Origin` are refused. Default none.
+    pub allowed_hosts: Vec<String>,
+    /// Serve `/metrics` on this address instead of the HTTP API's (with
+    /// the same tokens, scope `metrics`). Default: on the API's.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// An address, or `false` for off.
@@ -83,6 +97,10 @@ impl Default for ServeConfig {
             pg_listen: Some(SocketAddr::from(([127, 0, 0, 1], 5432))),
             pg_user: "leaseline".into(),
             pg_password: None,
+            http_tokens: Vec::new(),
+            http_tokens_file: None,
+            allowed_hosts: Vec::new(),
+            metrics_listen: None,
         }
     }
 }

@@ -13,8 +13,9 @@ mod demo;
 mod serve;
 mod simulate;
 mod telemetry;
+mod terminal;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -74,6 +75,22 @@ struct ListenArgs {
     /// loopback address.
     #[arg(long, env = "LEASELINE_PG_PASSWORD", hide_env_values = true)]
     pg_password: Option<String>,
+    /// A TOML file of the HTTP API's bearer tokens (`[[tokens]]` with
+    /// `name`, `sha256` and `scopes`); required unless `--http-listen` is
+    /// a loopback address.
+    #[arg(long, env = "LEASELINE_HTTP_TOKENS_FILE")]
+    http_tokens_file: Option<PathBuf>,
+    /// A host name clients use for this server (repeatable); `Host` and
+    /// `Origin` naming any other are refused.
+    #[arg(
+        long = "allowed-host",
+        env = "LEASELINE_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    allowed_hosts: Vec<String>,
+    /// Serve `/metrics` on this address instead of the HTTP API's.
+    #[arg(long, env = "LEASELINE_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl ListenArgs {
@@ -92,6 +109,15 @@ impl ListenArgs {
         }
         if self.pg_password.is_some() {
             cfg.serve.pg_password = self.pg_password;
+        }
+        if self.http_tokens_file.is_some() {
+            cfg.serve.http_tokens_file = self.http_tokens_file;
+        }
+        if !self.allowed_hosts.is_empty() {
+            cfg.serve.allowed_hosts = self.allowed_hosts;
+        }
+        if self.metrics_listen.is_some() {
+            cfg.serve.metrics_listen = self.metrics_listen;
         }
     }
 }
@@ -133,7 +159,8 @@ struct IngestArgs {
     #[arg(
         long = "kafka-property",
         env = "LEASELINE_KAFKA_PROPERTIES",
-        value_delimiter = ';'
+        value_delimiter = ';',
+        hide_env_values = true
     )]
     kafka_properties: Vec<String>,
     /// Do not compact or vacuum in the background.
@@ -275,7 +302,6 @@ enum Command {
         limits: QueryArgs,
         /// The query, e.g. "SELECT count(*) FROM lease_events".
         query: String,
-        /// Output format.
         /// Output format: table, csv, json, ndjson or arrow (an Arrow IPC
         /// stream).
         #[arg(long, default_value = "table", env = "LEASELINE_SQL_FORMAT")]
@@ -333,13 +359,13 @@ enum Command {
         /// The lease.
         lease_id: String,
         /// From this time (RFC 3339 or epoch ms); default: the data's start.
-        #[arg(long)]
+        #[arg(long, env = "LEASELINE_TIMELINE_FROM")]
         from: Option<String>,
         /// Until this time; default: the data's end.
-        #[arg(long)]
+        #[arg(long, env = "LEASELINE_TIMELINE_TO")]
         to: Option<String>,
         /// Where to write the SVG (`-`: standard output).
-        #[arg(long)]
+        #[arg(long, env = "LEASELINE_TIMELINE_SVG")]
         svg: String,
     },
     /// Generate lease traffic (with faults on switches) to NDJSON or Kafka.
@@ -375,9 +401,20 @@ impl FlushArgs {
 }
 
 impl LakeArgs {
+    fn location<'a>(&'a self, cfg: &'a Config) -> &'a str {
+        self.lake.as_deref().unwrap_or(&cfg.lake)
+    }
+
+    /// For writers: creates the lake if there is none.
     fn open(&self, cfg: &Config) -> anyhow::Result<Lake> {
-        let location = self.lake.as_deref().unwrap_or(&cfg.lake);
+        let location = self.location(cfg);
         Lake::open(location).with_context(|| format!("opening lake {location}"))
+    }
+
+    /// For readers: a location with no lake is an error, never an empty
+    /// history.
+    async fn open_existing(&self, cfg: &Config) -> anyhow::Result<Lake> {
+        Ok(Lake::open_existing(self.location(cfg)).await?)
     }
 }
 
@@ -404,12 +441,9 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    // `check` exits 1 for violations, so its own failures must differ.
-    let failure = if matches!(cli.command, Command::Check { .. }) {
-        std::process::ExitCode::from(2)
-    } else {
-        std::process::ExitCode::FAILURE
-    };
+    // 2 for every failure: `check` exits 1 for violations, so its own
+    // failures must differ, and every command says it the same way.
+    let failure = std::process::ExitCode::from(2);
     // Outside the runtime: the OTLP exporters' blocking HTTP client runs its
     // own, and must not be created or dropped inside an async context.
     let telemetry = match telemetry::init(&cli.log, &tcfg) {
@@ -423,8 +457,14 @@ fn main() -> std::process::ExitCode {
     telemetry.shutdown();
     match result {
         Ok(code) => code,
+        // The reader of our output went away (`| head`): it has what it
+        // wanted.
+        Err(_) if terminal::stdout_closed() => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", terminal::error_text(&e));
+            if let Some(h) = terminal::hint(&e) {
+                eprintln!("hint: {h}");
+            }
             failure
         }
     }
@@ -459,7 +499,12 @@ async fn run(
             if ingest {
                 cfg.serve.ingest = true;
             }
-            let lake = lake.open(&cfg)?;
+            // Without --ingest, serve only reads.
+            let lake = if cfg.serve.ingest {
+                lake.open(&cfg)?
+            } else {
+                lake.open_existing(&cfg).await?
+            };
             let source = if cfg.serve.ingest {
                 serve::Source::Kafka
             } else {
@@ -492,12 +537,12 @@ async fn run(
         } => {
             audit.apply(&mut cfg);
             limits.apply(&mut cfg);
-            let engine =
-                QueryEngine::with_audit_config(lake.open(&cfg)?, cfg.audit).with_limits(cfg.query);
+            let engine = QueryEngine::with_audit_config(lake.open_existing(&cfg).await?, cfg.audit)
+                .with_limits(cfg.query);
             let result = engine.query(&query).await?;
-            let stdout = std::io::stdout();
-            let mut out = stdout.lock();
+            let mut out = terminal::stdout();
             output::write(format, &result.schema, &result.batches, &mut out)?;
+            out.flush()?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check {
@@ -513,12 +558,14 @@ async fn run(
             let mut engine =
                 leaseline_alerts::AlertEngine::new(cfg.alerts.clone(), cfg.audit, None);
             let (mut auditor, malformed) = if files.is_empty() {
-                (check::audit_lake(&lake.open(&cfg)?, cfg.audit).await?, 0)
+                (
+                    check::audit_lake(&lake.open_existing(&cfg).await?, cfg.audit).await?,
+                    0,
+                )
             } else {
                 check::audit_files(&files, cfg.audit, Some(&mut engine))?
             };
-            let stdout = std::io::stdout();
-            let summary = check::report(&mut auditor, malformed, format, &mut stdout.lock())?;
+            let summary = check::report(&mut auditor, malformed, format, &mut terminal::stdout())?;
             {
                 // Files are new history: their alerts are recorded in the
                 // lake given with them. A lake's own alerts were recorded
@@ -526,7 +573,7 @@ async fn run(
                 let record = match (files.is_empty(), lake.lake.as_deref()) {
                     (false, Some(_)) => Some(lake.open(&cfg)?),
                     (true, _) => {
-                        check::replay_lake(&lake.open(&cfg)?, &mut engine).await?;
+                        check::replay_lake(&lake.open_existing(&cfg).await?, &mut engine).await?;
                         None
                     }
                     (false, None) => None,
@@ -562,13 +609,15 @@ async fn run(
             svg,
         } => {
             audit.apply(&mut cfg);
-            let engine =
-                QueryEngine::with_audit_config(lake.open(&cfg)?, cfg.audit).with_limits(cfg.query);
+            let engine = QueryEngine::with_audit_config(lake.open_existing(&cfg).await?, cfg.audit)
+                .with_limits(cfg.query);
             let from = leaseline_server::http::time_param("--from", &from)?;
             let to = leaseline_server::http::time_param("--to", &to)?;
             let picture = leaseline_server::svg::lease_svg(&engine, &lease_id, from, to).await?;
             if svg == "-" {
-                print!("{picture}");
+                let mut out = terminal::stdout();
+                out.write_all(picture.as_bytes())?;
+                out.flush()?;
             } else {
                 std::fs::write(&svg, picture).with_context(|| format!("writing {svg}"))?;
             }
@@ -584,7 +633,7 @@ async fn run(
             listen.apply(&mut cfg);
             // Small files, often: a demo wants to show data in the lake.
             cfg.flush.flush_interval = cfg.flush.flush_interval.min(Duration::from_secs(5));
-            let lake = Lake::open(&lake).with_context(|| format!("opening lake {lake}"))?;
+            let lake = demo::fresh_lake(&lake)?;
             serve::run(lake, cfg, serve::Source::Simulator(sim.config()), telemetry)
                 .await
                 .map(|()| ExitCode::SUCCESS)
@@ -600,7 +649,7 @@ async fn run(
             if let Some(r) = retention {
                 cfg.compaction.retention = r;
             }
-            let lake = lake.open(&cfg)?;
+            let lake = lake.open_existing(&cfg).await?;
             let report = lake.compact(&policy(&cfg.compaction)).await?;
             let deleted = lake.vacuum(cfg.compaction.retention).await?;
             println!(

@@ -16,13 +16,34 @@ use std::sync::Arc;
 use anyhow::Context;
 use leaseline_lake::{Lake, PendingRows};
 use leaseline_query::QueryEngine;
-use leaseline_server::http::{router, AppState};
+use leaseline_server::http::{metrics_router, router, AppState, MetricsRenderer};
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use crate::alerting;
 use crate::config::Config;
 use leaseline_alerts::LeaseMetrics;
 use leaseline_ingest::{IngestHooks, IngestMetrics};
+
+/// The HTTP API's tokens (from the configuration and its tokens file)
+/// and allowed hosts.
+fn http_auth(cfg: &Config) -> anyhow::Result<leaseline_server::auth::HttpAuth> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct TokensFile {
+        tokens: Vec<leaseline_server::auth::TokenConfig>,
+    }
+    let mut tokens = cfg.serve.http_tokens.clone();
+    if let Some(path) = &cfg.serve.http_tokens_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the HTTP tokens file {}", path.display()))?;
+        let file: TokensFile = toml::from_str(&text)
+            .with_context(|| format!("the HTTP tokens file {}", path.display()))?;
+        tokens.extend(file.tokens);
+    }
+    leaseline_server::auth::HttpAuth::new(&tokens, &cfg.serve.allowed_hosts)
+        .map_err(|e| anyhow::anyhow!("serve.http_tokens: {e}"))
+}
 
 /// Where the served lake's new events come from, if anywhere.
 pub enum Source {
@@ -50,6 +71,13 @@ pub async fn run(
         engine = engine.with_pending(p.clone());
     }
     let engine = Arc::new(engine);
+    let auth = Arc::new(http_auth(&cfg)?);
+    anyhow::ensure!(
+        cfg.serve.http_listen.ip().is_loopback() || !auth.is_open(),
+        "refusing to serve HTTP on {} without tokens: set serve.http_tokens or \
+         serve.http_tokens_file (or --http-tokens-file), or listen on a loopback address",
+        cfg.serve.http_listen
+    );
     let listener = tokio::net::TcpListener::bind(cfg.serve.http_listen)
         .await
         .with_context(|| format!("binding the HTTP API to {}", cfg.serve.http_listen))?;
@@ -66,6 +94,13 @@ pub async fn run(
     let mut pg_addr = None;
     let (pg_stop, pg) = match cfg.serve.pg_listen {
         Some(addr) => {
+            // An empty password would pass every check below and admit
+            // anyone who sends one.
+            anyhow::ensure!(
+                cfg.serve.pg_password.as_deref() != Some(""),
+                "the PostgreSQL password is empty: set a real one (serve.pg_password or \
+                 LEASELINE_PG_PASSWORD), or none at all on a loopback address"
+            );
             if !addr.ip().is_loopback() && cfg.serve.pg_password.is_none() {
                 anyhow::bail!(
                     "refusing to serve PostgreSQL on {addr} without a password: set \
@@ -86,7 +121,11 @@ pub async fn run(
                 .map(|p| (cfg.serve.pg_user.clone(), p));
             let timeout = cfg.query.timeout;
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(async move {
+            // Connections are served where queries run: a runaway query
+            // slows other queries, never HTTP, /health or ingest.
+            let listener = listener.into_std()?;
+            let task = leaseline_query::executor::handle().spawn(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
                 leaseline_server::pg::serve(ctx, auth, timeout, listener, async {
                     let _ = stopped.await;
                 })
@@ -97,16 +136,46 @@ pub async fn run(
         None => (None, None),
     };
 
-    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http_stop = CancellationToken::new();
+    let render: MetricsRenderer = Arc::new(move || alerting::render(&registry));
+    // `/metrics` on a listener of its own when asked (a scrape network
+    // apart from the one users query on); on the API's otherwise.
+    let (api_metrics, metrics_http) = match cfg.serve.metrics_listen {
+        None => (Some(render), None),
+        Some(at) => {
+            anyhow::ensure!(
+                at.ip().is_loopback() || !auth.is_open(),
+                "refusing to serve /metrics on {at} without tokens: set serve.http_tokens or \
+                 serve.http_tokens_file, or listen on a loopback address"
+            );
+            let listener = tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("binding /metrics to {at}"))?;
+            let bound = listener.local_addr()?;
+            info!(addr = %bound, "metrics listening on http://{bound}/metrics");
+            let app = metrics_router(AppState {
+                engine: engine.clone(),
+                metrics: Some(render),
+                auth: auth.clone(),
+            });
+            let stop = http_stop.clone();
+            let task = tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await
+            });
+            (None, Some(task))
+        }
+    };
     let app = router(AppState {
         engine: engine.clone(),
-        metrics: Some(Arc::new(move || alerting::render(&registry))),
+        metrics: api_metrics,
+        auth,
     });
+    let stop = http_stop.clone();
     let http = tokio::spawn(async move {
         axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = http_stopped.await;
-            })
+            .with_graceful_shutdown(stop.cancelled_owned())
             .await
     });
 
@@ -133,7 +202,7 @@ pub async fn run(
     if demo {
         println!(
             "{}",
-            crate::demo::banner(&addr.to_string(), pg_addr, lake.store().url().as_str())
+            crate::demo::banner(&addr.to_string(), pg_addr, &crate::demo::lake_arg(&lake))
         );
     }
 
@@ -162,14 +231,16 @@ pub async fn run(
             error!(error = %e, "alert engine task failed");
         }
     }
-    let _ = http_stop.send(());
+    http_stop.cancel();
     if let Some(stop) = pg_stop {
         let _ = stop.send(());
     }
-    match http.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => error!(error = %e, "HTTP server failed"),
-        Err(e) => error!(error = %e, "HTTP server task failed"),
+    for server in std::iter::once(http).chain(metrics_http) {
+        match server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => error!(error = %e, "HTTP server failed"),
+            Err(e) => error!(error = %e, "HTTP server task failed"),
+        }
     }
     if let Some(pg) = pg {
         match pg.await {

@@ -43,12 +43,16 @@ impl ImportInput {
                 reader: Box::new(std::io::stdin()),
             });
         }
-        let file = std::fs::File::open(path).map_err(|source| IngestError::Read {
+        let read_error = |source| IngestError::Read {
             path: path.to_string(),
             source,
-        })?;
+        };
+        let file = std::fs::File::open(path).map_err(read_error)?;
+        // The absolute path is the file's identity: importing it again,
+        // from anywhere, keeps each of its rejects once.
+        let name = std::fs::canonicalize(path).map_err(read_error)?;
         Ok(ImportInput {
-            name: path.to_string(),
+            name: name.to_string_lossy().into_owned(),
             reader: Box::new(file),
         })
     }

@@ -8,8 +8,8 @@ use std::time::Instant;
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::Int32Type;
 use leaseline_lake::{
-    parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError, Manifest, PendingRows,
-    PendingSnapshot, Table,
+    line_key, parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError, Manifest,
+    PendingRows, PendingSnapshot, Table,
 };
 use leaseline_schema::{decode, EventBatchBuilder, Origin, RejectBatchBuilder};
 use tracing::{debug, info, warn};
@@ -56,6 +56,10 @@ pub struct LakeWriter {
     /// Files whose ids are in `seen`.
     known_files: HashSet<String>,
     seen: EventIdSet,
+    /// [`line_key`]s of the rejects from imported files in `known_files`
+    /// and in the buffer: a file imported again keeps each reject once.
+    /// (Kafka rejects are kept once by the committed offsets.)
+    reject_lines: HashSet<u128>,
     events: EventBatchBuilder,
     rejects: RejectBatchBuilder,
     /// Buffered Kafka ranges: (topic, partition, first offset, next offset).
@@ -86,6 +90,8 @@ impl LakeWriter {
         let mut seen = EventIdSet::new();
         let files: Vec<&DataFile> = manifest.files.iter().collect();
         lake.load_event_ids(&files, &mut seen).await?;
+        let mut reject_lines = HashSet::new();
+        lake.load_reject_lines(&files, &mut reject_lines).await?;
         let known_files = manifest.files.iter().map(|f| f.path.clone()).collect();
         info!(
             version = manifest.version,
@@ -98,6 +104,7 @@ impl LakeWriter {
             manifest,
             known_files,
             seen,
+            reject_lines,
             events: EventBatchBuilder::new(),
             rejects: RejectBatchBuilder::new(),
             ranges: Vec::new(),
@@ -212,12 +219,24 @@ impl LakeWriter {
                 }
             }
             Err(err) => {
-                self.rejects.append(payload, &err, &origin, now);
-                self.stats.rejects += 1;
-                if let Some(m) = &self.metrics {
-                    IngestMetrics::add(&m.rejects, 1);
+                let fresh = match origin {
+                    Origin::File { path, line } => self.reject_lines.insert(line_key(path, line)),
+                    Origin::Kafka { .. } => true,
+                };
+                if fresh {
+                    self.rejects.append(payload, &err, &origin, now);
+                    self.stats.rejects += 1;
+                    if let Some(m) = &self.metrics {
+                        IngestMetrics::add(&m.rejects, 1);
+                    }
+                    Pushed::Reject
+                } else {
+                    self.stats.duplicates += 1;
+                    if let Some(m) = &self.metrics {
+                        IngestMetrics::add(&m.duplicates, 1);
+                    }
+                    Pushed::Duplicate
                 }
-                Pushed::Reject
             }
         };
         if let Origin::Kafka {
@@ -274,6 +293,9 @@ impl LakeWriter {
             .collect();
         let mut fresh = EventIdSet::new();
         self.lake.load_event_ids(&unknown, &mut fresh).await?;
+        self.lake
+            .load_reject_lines(&unknown, &mut self.reject_lines)
+            .await?;
         for f in &unknown {
             self.known_files.insert(f.path.clone());
         }
@@ -441,6 +463,7 @@ impl LakeWriter {
         self.manifest = fresh.manifest;
         self.known_files = fresh.known_files;
         self.seen = fresh.seen;
+        self.reject_lines = fresh.reject_lines;
         Ok(())
     }
 }

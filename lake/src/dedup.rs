@@ -37,6 +37,17 @@ pub struct EventIdSet {
     removed: HashSet<u128>,
 }
 
+/// The identity of a line of an imported file, for keeping its reject
+/// once: the file's path and the line number. The key of an event id can
+/// never equal it, and the two live in different sets anyway.
+pub fn line_key(path: &str, line: u64) -> u128 {
+    let mut bytes = Vec::with_capacity(path.len() + 9);
+    bytes.extend_from_slice(path.as_bytes());
+    bytes.push(0xff); // never in UTF-8: the path ends here
+    bytes.extend_from_slice(&line.to_le_bytes());
+    xxh3_128(&bytes)
+}
+
 impl EventIdSet {
     pub fn new() -> Self {
         Self::default()

@@ -59,6 +59,22 @@ impl Lake {
         })
     }
 
+    /// Opens a lake that must already exist: at least one committed
+    /// manifest. Only writers create lakes; a reader that created one would
+    /// answer a mistyped path with an empty, clean-looking history.
+    pub async fn open_existing(location: &str) -> Result<Self> {
+        let lake = Lake {
+            store: LakeStore::open_existing(location)?,
+        };
+        if lake.manifest_versions().await?.is_empty() {
+            return Err(LakeError::NotFound {
+                location: location.to_string(),
+                reason: format!("nothing has been committed there (no {MANIFEST_DIR}/ manifests)"),
+            });
+        }
+        Ok(lake)
+    }
+
     pub fn store(&self) -> &LakeStore {
         &self.store
     }
@@ -77,6 +93,45 @@ impl Lake {
             }
         }
         Ok(Manifest::empty())
+    }
+
+    /// The newest manifest and the files it names that storage no longer
+    /// has. Each such file is rows a query would fail to read. A file
+    /// vacuumed after a newer version replaced it is not missing: the
+    /// check is repeated on the newer version.
+    pub async fn check_files(&self) -> Result<(Manifest, Vec<String>)> {
+        let mut m = self.latest().await?;
+        for _ in 0..3 {
+            let missing = self.missing_files(&m).await?;
+            let newest = self.latest().await?;
+            if missing.is_empty() || newest.version == m.version {
+                return Ok((m, missing));
+            }
+            m = newest;
+        }
+        let missing = self.missing_files(&m).await?;
+        Ok((m, missing))
+    }
+
+    /// The files `m` names that storage does not have: one listing per
+    /// table.
+    pub async fn missing_files(&self, m: &Manifest) -> Result<Vec<String>> {
+        let mut missing = Vec::new();
+        for table in Table::ALL {
+            let present: HashSet<String> = self
+                .store
+                .list(table.name())
+                .await?
+                .into_iter()
+                .map(|(p, _, _)| p)
+                .collect();
+            missing.extend(
+                m.files_of(table)
+                    .filter(|f| !present.contains(&f.path))
+                    .map(|f| f.path.clone()),
+            );
+        }
+        Ok(missing)
     }
 
     /// One version's manifest, or `None` if it was pruned.
@@ -158,6 +213,29 @@ impl Lake {
                 for id in col.iter().flatten() {
                     if !id.is_empty() {
                         ids.insert(id);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the [`line_key`](crate::dedup::line_key) of every reject in
+    /// `files` that came from a file, so that importing the file again
+    /// keeps each of them once.
+    pub async fn load_reject_lines(
+        &self,
+        files: &[&DataFile],
+        keys: &mut HashSet<u128>,
+    ) -> Result<()> {
+        for f in files.iter().filter(|f| f.table == Table::LeaseRejects) {
+            let columns = ["file_path", "file_line"];
+            for b in parquet_io::read_columns(&self.store, &f.path, &columns).await? {
+                let paths = b.column(0).as_string::<i32>();
+                let lines = b.column(1).as_primitive::<arrow::datatypes::Int64Type>();
+                for (p, l) in paths.iter().zip(lines.iter()) {
+                    if let (Some(p), Some(l)) = (p, l) {
+                        keys.insert(crate::dedup::line_key(p, l as u64));
                     }
                 }
             }

@@ -27,7 +27,7 @@ pub mod parquet_io;
 mod pending;
 mod store;
 
-pub use crate::dedup::EventIdSet;
+pub use crate::dedup::{line_key, EventIdSet};
 pub use crate::error::{LakeError, Result};
 pub use crate::lake::{CompactionPolicy, CompactionReport, Lake};
 pub use crate::manifest::{Change, DataFile, KafkaRange, Manifest, RemovedFile, Table};

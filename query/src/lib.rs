@@ -38,11 +38,15 @@ use leaseline_schema::ReadError;
 pub const ALERTS_TABLE: &str = "lease_alerts";
 
 pub mod audit;
+pub mod depth;
+pub mod executor;
+mod files;
 mod limits;
 pub mod output;
 
 pub use crate::audit::{AuditCache, AuditTables, AuditView};
 use crate::audit::{AuditSource, AuditTableProvider};
+pub use crate::depth::MAX_EXPR_DEPTH;
 pub use crate::limits::QueryLimits;
 
 /// Why a query failed.
@@ -50,7 +54,7 @@ pub use crate::limits::QueryLimits;
 pub enum QueryError {
     /// DataFusion's own category is kept so a caller can tell a bad query
     /// from a bug: see [`QueryError::is_client_error`].
-    #[error("{0}")]
+    #[error("{}", describe(.0))]
     DataFusion(#[from] DataFusionError),
     #[error("lake: {0}")]
     Lake(#[from] LakeError),
@@ -60,6 +64,25 @@ pub enum QueryError {
     /// The query ran longer than [`QueryLimits::timeout`].
     #[error("query timed out after {0:?} (the limit is query.timeout)")]
     Timeout(std::time::Duration),
+    /// Expressions nested deeper than [`MAX_EXPR_DEPTH`] (SQLSTATE 54001,
+    /// statement too complex).
+    #[error(
+        "statement too complex: expressions nest more than {} levels deep (write long alternatives as `IN (...)`)",
+        MAX_EXPR_DEPTH
+    )]
+    TooComplex,
+    /// Files the manifest names are gone from storage: the query failed
+    /// reading them, and any answer without them would be wrong.
+    #[error(
+        "the lake is damaged: manifest version {version} names {} data file{} that storage does not have: {}",
+        missing.len(),
+        if missing.len() == 1 { "" } else { "s" },
+        missing.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
+    )]
+    Damaged { version: u64, missing: Vec<String> },
+    /// The query's task ended without an answer (it panicked).
+    #[error("the query failed inside leaseline: {0}")]
+    Aborted(String),
 }
 
 impl QueryError {
@@ -68,7 +91,12 @@ impl QueryError {
     pub fn is_client_error(&self) -> bool {
         match self {
             QueryError::DataFusion(e) => is_client_error(e),
-            QueryError::Lake(_) | QueryError::Events(_) | QueryError::Timeout(_) => false,
+            QueryError::TooComplex => true,
+            QueryError::Lake(_)
+            | QueryError::Events(_)
+            | QueryError::Timeout(_)
+            | QueryError::Damaged { .. }
+            | QueryError::Aborted(_) => false,
         }
     }
 
@@ -91,6 +119,32 @@ pub(crate) fn into_datafusion(e: QueryError) -> DataFusionError {
         QueryError::DataFusion(e) => e,
         other => DataFusionError::External(Box::new(other)),
     }
+}
+
+/// DataFusion's message for a person: each wrapper's text once, with no
+/// Debug rendering of the parser's error and no backtrace.
+fn describe(e: &DataFusionError) -> String {
+    match e {
+        // Its Display is `SQL error: ParserError("...")`; the parser's own
+        // Display says the same thing readably.
+        DataFusionError::SQL(p, _) => format!("SQL error: {p}"),
+        DataFusionError::Context(ctx, inner) => format!("{ctx}: {}", describe(inner)),
+        DataFusionError::Diagnostic(_, inner) => describe(inner),
+        DataFusionError::Shared(inner) => describe(inner),
+        DataFusionError::External(inner) => match inner.downcast_ref::<DataFusionError>() {
+            Some(df) => describe(df),
+            None => inner.to_string(),
+        },
+        other => other.strip_backtrace(),
+    }
+}
+
+/// Every table a query can name, for hints in error messages.
+pub fn table_names() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = Table::ALL.iter().map(|t| t.name()).collect();
+    names.extend(AuditView::ALL.iter().map(|v| v.name()));
+    names.push(ALERTS_TABLE);
+    names
 }
 
 fn is_client_error(e: &DataFusionError) -> bool {
@@ -321,7 +375,7 @@ impl QueryEngine {
 
     fn table_provider(&self, m: &Manifest, table: Table) -> Result<Arc<dyn TableProvider>> {
         let schema = parquet_io::schema_of(table);
-        let urls: Vec<ListingTableUrl> = m
+        let files: Vec<(url::Url, u64)> = m
             .files_of(table)
             .map(|f| {
                 let url = self
@@ -330,13 +384,13 @@ impl QueryEngine {
                     .url()
                     .join(&f.path)
                     .map_err(|e| DataFusionError::External(Box::new(e)))?;
-                ListingTableUrl::parse(url.as_str())
+                Ok((url, f.bytes))
             })
             .collect::<Result<_, DataFusionError>>()?;
-        if urls.is_empty() {
+        if files.is_empty() {
             return Ok(Arc::new(MemTable::try_new(schema, vec![vec![]])?));
         }
-        parquet_listing(urls, schema)
+        Ok(Arc::new(files::ManifestFiles::new(schema, files)?))
     }
 
     /// Runs one read-only statement under the engine's limits and collects
@@ -349,9 +403,12 @@ impl QueryEngine {
     /// result still has).
     #[tracing::instrument(name = "sql.query", skip_all, fields(sql = %query))]
     pub async fn query(&self, query: &str) -> Result<QueryResult> {
-        self.with_timeout(async {
-            let ctx = self.session().await?;
-            let df = ctx.sql_with_options(query, read_only_options()).await?;
+        let engine = self.clone();
+        let query = query.to_string();
+        self.with_timeout(async move {
+            depth::check(&query).map_err(|_| QueryError::TooComplex)?;
+            let ctx = engine.session().await?;
+            let df = ctx.sql_with_options(&query, read_only_options()).await?;
             let schema = Arc::new(df.schema().as_arrow().clone());
             let batches = df.collect().await?;
             Ok(QueryResult { schema, batches })
@@ -359,14 +416,35 @@ impl QueryEngine {
         .await
     }
 
-    /// Runs `work` under the engine's query timeout.
-    pub async fn with_timeout<T>(
+    /// Runs `work` on the query runtime (see [`executor`]) under the
+    /// engine's query timeout. On timeout, or when the caller stops
+    /// waiting, the work is aborted, not only abandoned.
+    pub async fn with_timeout<T: Send + 'static>(
         &self,
-        work: impl std::future::Future<Output = Result<T>>,
+        work: impl std::future::Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        tokio::time::timeout(self.limits.timeout, work)
-            .await
-            .map_err(|_| QueryError::Timeout(self.limits.timeout))?
+        match tokio::time::timeout(self.limits.timeout, executor::spawn(work)).await {
+            Err(_) => Err(QueryError::Timeout(self.limits.timeout)),
+            Ok(Err(join)) => Err(QueryError::Aborted(join.to_string())),
+            Ok(Ok(Ok(r))) => Ok(r),
+            Ok(Ok(Err(e))) => Err(self.diagnose(e).await),
+        }
+    }
+
+    /// A failure to read the lake may be damage: files the manifest names
+    /// that storage lost. Then that is the error, not the reader's
+    /// message about one file.
+    async fn diagnose(&self, e: QueryError) -> QueryError {
+        if e.is_client_error() || e.is_resource_exhausted() {
+            return e;
+        }
+        match self.lake.check_files().await {
+            Ok((m, missing)) if !missing.is_empty() => QueryError::Damaged {
+                version: m.version,
+                missing,
+            },
+            _ => e,
+        }
     }
 }
 

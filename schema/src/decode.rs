@@ -808,6 +808,28 @@ impl<'de> Checked<'de> {
         if self.ttl_ms.is_none() && kind == Kind::Acquired {
             return Err(missing(Field::TtlMs));
         }
+        // The audit adds TTLs to times and compares clocks: every value
+        // must stay far from where a timestamp overflows, or one event
+        // would break the audit of the whole lake.
+        if !(MIN_TS_US..=MAX_TS_US).contains(&ts_us) {
+            return Err(DecodeError::new(
+                RejectReason::OutOfRange(Field::Ts),
+                format!("ts is {ts_us} µs from the epoch, outside years 0001 to 9999"),
+            ));
+        }
+        if let Some(t) = self.ttl_ms.filter(|&t| t > MAX_DURATION_MS as i64) {
+            return Err(too_long(Field::TtlMs, t));
+        }
+        for (field, v) in [
+            (Field::LatencyMs, self.latency_ms),
+            (Field::MonoMs, self.mono_ms),
+            (Field::KeepaliveSentMonoMs, self.keepalive_sent_mono_ms),
+            (Field::DeadlineMonoMs, self.deadline_mono_ms),
+        ] {
+            if let Some(v) = v.filter(|v| !(*v <= MAX_DURATION_MS as f64)) {
+                return Err(too_long(field, v));
+            }
+        }
 
         // JSON objects may repeat a key; the last one wins as in most parsers,
         // in `attrs` and among unknown top-level fields alike. Explicit attrs
@@ -846,6 +868,24 @@ impl<'de> Checked<'de> {
             attrs,
         })
     }
+}
+
+/// The earliest and latest `ts`: the years RFC 3339 can write, 0001 to
+/// 9999, in microseconds from the epoch.
+pub const MIN_TS_US: i64 = -62_135_596_800_000_000;
+pub const MAX_TS_US: i64 = 253_402_300_799_999_999;
+
+/// The longest TTL, latency or monotonic clock reading, in milliseconds:
+/// 100 years. Far past any real lease, and far from overflowing a
+/// timestamp when added to one.
+pub const MAX_DURATION_MS: u64 = 3_155_760_000_000;
+
+#[cold]
+fn too_long(field: Field, v: impl std::fmt::Display) -> DecodeError {
+    DecodeError::new(
+        RejectReason::OutOfRange(field),
+        format!("{field} {v} is too large: at most {MAX_DURATION_MS} ms (100 years)"),
+    )
 }
 
 /// Files an unknown top-level field, given its value's JSON text.

@@ -24,7 +24,7 @@ pub use crate::arrow::{
 };
 pub use crate::decode::{
     decode, decode_str, decode_str_by_serde, decode_str_fast_only, DecodeError, Field,
-    RejectReason, MAX_ID_BYTES,
+    RejectReason, MAX_DURATION_MS, MAX_ID_BYTES, MAX_TS_US, MIN_TS_US,
 };
 pub use crate::event::{Kind, LeaseEvent, Origin, Source};
 pub use crate::read::{EventColumns, ReadError};

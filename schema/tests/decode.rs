@@ -600,6 +600,64 @@ fn ttl_ms_range_and_type() {
 }
 
 #[test]
+fn values_the_audit_cannot_add_to_a_time_are_out_of_range() {
+    use leaseline_schema::{MAX_DURATION_MS, MAX_TS_US, MIN_TS_US};
+    // 100 years is the longest TTL; one more millisecond is refused.
+    let max = MAX_DURATION_MS.to_string();
+    let past = (MAX_DURATION_MS + 1).to_string();
+    assert_eq!(
+        ok(&with("acquired", "ttl_ms", &max)).ttl_ms,
+        Some(MAX_DURATION_MS as i64)
+    );
+    let e = err(with("acquired", "ttl_ms", "9223372036854775807").as_bytes());
+    assert_eq!(e.reason.to_string(), "out_of_range:ttl_ms");
+    assert_eq!(
+        e.message,
+        "ttl_ms 9223372036854775807 is too large: at most 3155760000000 ms (100 years)"
+    );
+    assert_eq!(
+        code(&with("acquired", "ttl_ms", &past)),
+        "out_of_range:ttl_ms"
+    );
+    for field in [
+        "latency_ms",
+        "mono_ms",
+        "keepalive_sent_mono_ms",
+        "deadline_mono_ms",
+    ] {
+        assert_eq!(
+            ok(&with("renewed", field, &max)).ts_us,
+            1_789_380_000_000_000
+        );
+        assert_eq!(
+            code(&with("renewed", field, "1e300")),
+            format!("out_of_range:{field}")
+        );
+    }
+    // Times: the years RFC 3339 writes, 0001 to 9999, as text or epoch ms.
+    assert_eq!(
+        ok(&with("renewed", "ts", r#""0001-01-01T00:00:00Z""#)).ts_us,
+        MIN_TS_US
+    );
+    assert_eq!(
+        ok(&with("renewed", "ts", r#""9999-12-31T23:59:59.999999Z""#)).ts_us,
+        MAX_TS_US
+    );
+    assert_eq!(
+        code(&with("renewed", "ts", r#""0000-12-31T23:59:59Z""#)),
+        "out_of_range:ts"
+    );
+    assert_eq!(
+        code(&with("renewed", "ts", "253402300800000")),
+        "out_of_range:ts"
+    );
+    assert_eq!(
+        code(&with("renewed", "ts", "-62135596800001")),
+        "out_of_range:ts"
+    );
+}
+
+#[test]
 fn ids_empty_or_too_long_are_out_of_range() {
     assert_eq!(
         code(&with("acquired", "lease_id", r#""""#)),

@@ -204,7 +204,21 @@ fn edge_cases() -> Vec<(String, Option<&'static str>)> {
         (with("ttl_ms", Some("1")), None),
         (with("ttl_ms", Some("0")), Some("out_of_range:ttl_ms")),
         (with("ttl_ms", Some("-1")), Some("out_of_range:ttl_ms")),
-        (with("ttl_ms", Some("9223372036854775807")), None),
+        (with("ttl_ms", Some("3155760000000")), None),
+        (
+            with("ttl_ms", Some("3155760000001")),
+            Some("out_of_range:ttl_ms"),
+        ),
+        (
+            with("ttl_ms", Some("9223372036854775807")),
+            Some("out_of_range:ttl_ms"),
+        ),
+        (with("latency_ms", Some("3155760000000")), None),
+        (
+            with("latency_ms", Some("3155760000000.5")),
+            Some("out_of_range:latency_ms"),
+        ),
+        (with("mono_ms", Some("1e300")), Some("out_of_range:mono_ms")),
         (
             with("ttl_ms", Some("9223372036854775808")),
             Some("out_of_range:ttl_ms"),
@@ -295,12 +309,14 @@ fn edge_cases() -> Vec<(String, Option<&'static str>)> {
         (with("retries", Some("3")), None),
         (with("labels", Some(r#"{"a":[1,null]}"#)), None),
         (with("Lease_Id", Some("null")), None),
-        // Timestamps as epoch milliseconds: integers in chrono's range.
+        // Timestamps as epoch milliseconds: integers in years 0001-9999.
         (ts("0"), None),
         (ts("-1"), None),
-        (ts("-8334601228800000"), None),
+        (ts("-62135596800000"), None),
+        (ts("-62135596800001"), Some("out_of_range:ts")),
+        (ts("253402300799999"), None),
+        (ts("253402300800000"), Some("out_of_range:ts")),
         (ts("-8334601228800001"), Some("bad_timestamp")),
-        (ts("8210266876799999"), None),
         (ts("8210266876800000"), Some("bad_timestamp")),
         (ts("9223372036854775807"), Some("bad_timestamp")),
         (ts("1789380000000.5"), Some("bad_timestamp")),
@@ -308,6 +324,8 @@ fn edge_cases() -> Vec<(String, Option<&'static str>)> {
         (ts("[1]"), Some("wrong_type:ts")),
         // Timestamps as RFC 3339 strings.
         (ts(r#""2026-09-14T10:00:00Z""#), None),
+        (ts(r#""0001-01-01T00:00:00Z""#), None),
+        (ts(r#""0000-06-01T00:00:00Z""#), Some("out_of_range:ts")),
         (ts(r#""2026-09-14T10:00:00.123456789123Z""#), None),
         (ts(r#""2026-09-14t10:00:00z""#), None),
         (ts(r#""2026-09-14 10:00:00+02:00""#), None),

@@ -39,6 +39,8 @@ pub struct AppState {
     /// it, since the metrics come from ingest and alerts, which this crate
     /// does not know. `None`: 404.
     pub metrics: Option<MetricsRenderer>,
+    /// Tokens and allowed host names; see [`crate::auth`].
+    pub auth: Arc<crate::auth::HttpAuth>,
 }
 
 /// See [`AppState::metrics`].
@@ -53,6 +55,22 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/leases/{lease_id}/timeline.svg", get(timeline_svg))
         .route("/api/v1/violations", get(violations))
         .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn_with_state(
+            state.auth.clone(),
+            crate::auth::guard,
+        ))
+        .with_state(state)
+}
+
+/// `/metrics` and `/health` alone, for a listener of their own.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn_with_state(
+            state.auth.clone(),
+            crate::auth::guard,
+        ))
         .with_state(state)
 }
 
@@ -71,12 +89,28 @@ async fn metrics(State(s): State<AppState>) -> Response {
 }
 
 async fn health(State(s): State<AppState>) -> Response {
-    match s.engine.lake().latest().await {
-        Ok(m) => Json(serde_json::json!({
+    match s.engine.lake().check_files().await {
+        Ok((m, missing)) if missing.is_empty() => Json(serde_json::json!({
             "status": "ok",
             "lake_version": m.version,
         }))
         .into_response(),
+        // Queries over the lost rows fail rather than answer without
+        // them; say so before anyone asks.
+        Ok((m, missing)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "status": "damaged",
+                "lake_version": m.version,
+                "message": format!(
+                    "{} data files named by manifest version {} are missing; queries that read them fail",
+                    missing.len(),
+                    m.version
+                ),
+                "missing_files": missing.iter().take(20).collect::<Vec<_>>(),
+            })),
+        )
+            .into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(serde_json::json!({
@@ -138,8 +172,9 @@ async fn timeline(
         time_param("to", &range.to)?,
     );
     let engine = s.engine.clone();
-    let result = engine
-        .with_timeout(async {
+    let result = s
+        .engine
+        .with_timeout(async move {
             let ctx = engine.session().await?;
             let mut df = ctx
                 .table("lease_timeline")
@@ -214,8 +249,9 @@ async fn violations(
     };
     let (from, to) = (time_param("from", &f.from)?, time_param("to", &f.to)?);
     let engine = s.engine.clone();
-    let result = engine
-        .with_timeout(async {
+    let result = s
+        .engine
+        .with_timeout(async move {
             let ctx = engine.session().await?;
             let mut df = ctx
                 .table("lease_violations")

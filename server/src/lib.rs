@@ -13,6 +13,7 @@
 //! Every surface is read-only: the engine refuses DDL, DML, `COPY` and
 //! `SET`, and reads nothing but the lake's tables.
 
+pub mod auth;
 pub mod http;
 pub mod pg;
 pub mod svg;

@@ -405,6 +405,13 @@ enum Verdict {
 }
 
 fn verdict(statement: &Statement) -> Verdict {
+    if leaseline_query::depth::check_parsed(statement).is_err() {
+        return Verdict::Refuse(PgWireError::UserError(Box::new(ErrorInfo::new(
+            "ERROR".to_owned(),
+            "54001".to_owned(), // statement_too_complex
+            leaseline_query::QueryError::TooComplex.to_string(),
+        ))));
+    }
     match statement {
         Statement::Set(set) => set_verdict(set),
         // DataFusion would reset its configuration, for every connection.

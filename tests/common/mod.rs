@@ -63,6 +63,11 @@ impl Proc {
         }
     }
 
+    /// True while the process has not exited.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
     /// SIGTERM, then wait for the exit status.
     pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
         self.signal(libc::SIGTERM);
@@ -508,6 +513,12 @@ impl Server {
     /// Starts `leaseline serve --lake LAKE --http-listen 127.0.0.1:0 ARGS`
     /// and waits until `/health` answers.
     pub fn start(lake: &Path, args: &[&str], dir: &Path) -> Server {
+        Server::start_expecting(lake, args, dir, 200)
+    }
+
+    /// Like [`Server::start`], waiting until `/health` answers `health`
+    /// (503 for a lake that is damaged).
+    pub fn start_expecting(lake: &Path, args: &[&str], dir: &Path, health: u16) -> Server {
         let mut cmd = leaseline();
         cmd.args(["serve", "--lake"])
             .arg(lake)
@@ -538,8 +549,8 @@ impl Server {
         };
         assert!(
             wait_until(Duration::from_secs(30), || server.get("/health").status
-                == 200),
-            "health never answered 200"
+                == health),
+            "health never answered {health}"
         );
         // The PostgreSQL listener is bound before the HTTP API serves.
         let pg_marker = "PostgreSQL listening on ";

@@ -1,0 +1,394 @@
+//! One request must not take the server down, and a damaged lake or a
+//! hostile event must not change an answer: each test sends what an
+//! attacker or a careless user would, says what must happen, and checks
+//! that the server still answers `/health` and has not exited.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn lake_with_history(dir: &Path) -> PathBuf {
+    let lake = dir.join("lake");
+    import_files(&lake, &[sample(), write_unsafe(dir)]);
+    lake
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `SELECT 1+1+...+1`: `terms` terms, nested `terms` levels deep.
+fn deep_sum(terms: usize) -> String {
+    format!("SELECT {} AS n", vec!["1"; terms].join("+"))
+}
+
+fn psql(port: u16, sql: &str) -> std::process::Output {
+    std::process::Command::new("psql")
+        .arg(format!(
+            "host=127.0.0.1 port={port} user=leaseline dbname=leaseline sslmode=disable"
+        ))
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-v",
+            "VERBOSITY=verbose",
+            "-c",
+            sql,
+        ])
+        .output()
+        .expect("psql")
+}
+
+/// `/health` answers 200, and how long it took.
+fn health(server: &Server) -> Duration {
+    let started = Instant::now();
+    let reply = server.get("/health");
+    let took = started.elapsed();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    took
+}
+
+#[test]
+fn deep_expressions_are_refused_on_every_surface_and_the_server_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let mut server = Server::start(&lake, &[], dir.path());
+
+    // Within the bound the answer is exact.
+    let ok = server.sql(&deep_sum(900), &[]);
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(ok.json()[0]["n"], 900);
+
+    let deep = deep_sum(2000);
+    let reply = server.sql(&deep, &[]);
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert_eq!(reply.json()["error"], "bad_request");
+    assert!(
+        reply.json()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("statement too complex"),
+        "{}",
+        reply.text()
+    );
+    let ors: Vec<String> = (0..3000).map(|i| format!("lease_id = 'l/{i}'")).collect();
+    let or_chain = format!(
+        "SELECT count(*) FROM lease_events WHERE {}",
+        ors.join(" OR ")
+    );
+    assert_eq!(server.sql(&or_chain, &[]).status, 400);
+
+    let out = psql(server.pg_port, &deep);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("54001"), "{err}");
+    assert!(err.contains("statement too complex"), "{err}");
+
+    let out = leaseline()
+        .args(["sql", "--lake"])
+        .arg(&lake)
+        .arg(&deep)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).starts_with("error: statement too complex"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    health(&server);
+    assert!(server.proc.running(), "{}", server.proc.logs());
+    assert!(server.proc.terminate(Duration::from_secs(30)).success());
+}
+
+#[test]
+fn runaway_queries_time_out_while_health_and_signals_are_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let mut server = Server::start(&lake, &["--query-timeout", "3s"], dir.path());
+    // 84^5, four billion rows of string work: minutes of CPU.
+    let runaway = "SELECT sum(length(a.lease_id || b.lease_id || c.lease_id || d.lease_id || e.lease_id)) AS n \
+         FROM lease_events a, lease_events b, lease_events c, lease_events d, lease_events e";
+    let url = server.http.clone();
+    // Two at once: as many as the machine has cores.
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                let reply = curl(&[
+                    "-X",
+                    "POST",
+                    "--data-binary",
+                    runaway,
+                    &format!("{url}/api/v1/sql"),
+                ]);
+                (reply, started.elapsed())
+            })
+        })
+        .collect();
+    // While they run, /health answers at once, every time.
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        slowest = slowest.max(health(&server));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(slowest < Duration::from_secs(1), "health took {slowest:?}");
+    for c in clients {
+        let (reply, took) = c.join().unwrap();
+        assert_eq!(reply.status, 503, "{}", reply.text());
+        assert!(
+            reply.text().contains("timed out after 3s"),
+            "{}",
+            reply.text()
+        );
+        assert!(took < Duration::from_secs(20), "the timeout took {took:?}");
+    }
+    // The aborted work is gone: a small query is answered at once.
+    let small = server.sql("SELECT count(*) AS n FROM lease_events", &[]);
+    assert_eq!(small.json()[0]["n"], 84);
+    // And a runaway in flight does not hold up SIGTERM: the health checks
+    // run while it is being worked on.
+    let url2 = url.clone();
+    let pending = std::thread::spawn(move || {
+        curl(&[
+            "-X",
+            "POST",
+            "--data-binary",
+            runaway,
+            &format!("{url2}/api/v1/sql"),
+        ])
+    });
+    for _ in 0..5 {
+        health(&server);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(server.proc.running(), "{}", server.proc.logs());
+    let status = server.proc.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status}\n{}", server.proc.logs());
+    let _ = pending.join();
+}
+
+#[test]
+fn a_missing_data_file_fails_queries_and_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    // Two imports, so the events are in more than one file.
+    assert_eq!(count(&lake, "lease_events"), 84);
+    let victim = std::fs::read_dir(lake.join("lease_events"))
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .unwrap();
+    std::fs::remove_file(&victim).unwrap();
+
+    let out = leaseline()
+        .args(["sql", "--lake"])
+        .arg(&lake)
+        .arg("SELECT count(*) FROM lease_events")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with("error: the lake is damaged: manifest version 2 names 1 data file that storage does not have: lease_events/"),
+        "{err}"
+    );
+    assert!(
+        err.contains(victim.file_name().unwrap().to_str().unwrap()),
+        "{err}"
+    );
+
+    let server = Server::start_expecting(&lake, &[], dir.path(), 503);
+    let h = server.get("/health");
+    assert_eq!(h.status, 503, "{}", h.text());
+    assert_eq!(h.json()["status"], "damaged");
+    let named = h.json()["missing_files"][0].as_str().unwrap().to_string();
+    assert!(victim.ends_with(&named), "{named} vs {victim:?}");
+    let q = server.sql("SELECT count(*) AS n FROM lease_events", &[]);
+    assert_eq!(q.status, 500, "{}", q.text());
+    assert!(q.text().contains("the lake is damaged"), "{}", q.text());
+}
+
+#[test]
+fn importing_a_file_again_keeps_each_reject_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    import_files(&lake, &[sample()]);
+    assert_eq!(count(&lake, "lease_rejects"), 4);
+    // Again, by another path to the same file.
+    let copy_dir = dir.path().join("via");
+    std::os::unix::fs::symlink(sample().parent().unwrap(), &copy_dir).unwrap();
+    let summary = import_with(&lake, &[copy_dir.join("lease-events.ndjson")], &[]);
+    assert!(
+        summary.starts_with("imported 83 lines: 0 events, 83 duplicates, 0 rejects"),
+        "{summary}"
+    );
+    assert_eq!(count(&lake, "lease_rejects"), 4);
+    assert_eq!(count(&lake, "lease_events"), 78);
+}
+
+#[test]
+fn a_ttl_past_what_a_timestamp_holds_is_a_reject_and_breaks_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let bad = dir.path().join("bad.ndjson");
+    std::fs::write(
+        &bad,
+        r#"{"ts":"2026-09-14T10:00:00Z","kind":"acquired","source":"coordinator","lease_id":"x/1","holder_id":"h","fencing_token":1,"ttl_ms":9223372036854775807}
+{"ts":"2026-09-14T10:00:01Z","kind":"acquired","source":"coordinator","lease_id":"x/2","holder_id":"h","fencing_token":1,"ttl_ms":1000}
+"#,
+    )
+    .unwrap();
+    import_files(&lake, &[bad]);
+    let rejects = sql(&lake, "SELECT reason, message FROM lease_rejects", "csv");
+    assert_eq!(
+        rejects,
+        "reason,message\nout_of_range:ttl_ms,ttl_ms 9223372036854775807 is too large: at most 3155760000000 ms (100 years)\n"
+    );
+    let grants = sql(
+        &lake,
+        "SELECT lease_id, fencing_token, end_kind FROM lease_timeline ORDER BY lease_id",
+        "csv",
+    );
+    assert_eq!(grants, "lease_id,fencing_token,end_kind\nx/2,1,open\n");
+}
+
+#[test]
+fn an_empty_postgres_password_is_no_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let out = leaseline()
+        .args(["serve", "--lake"])
+        .arg(&lake)
+        .args([
+            "--http-listen",
+            "127.0.0.1:0",
+            "--pg-listen",
+            "0.0.0.0:0",
+            "--pg-password",
+            "",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr).lines().find(|l| l.starts_with("error:")).unwrap_or(""),
+        "error: the PostgreSQL password is empty: set a real one (serve.pg_password or LEASELINE_PG_PASSWORD), or none at all on a loopback address"
+    );
+}
+
+/// `printf %s TOKEN | sha256sum`, as the docs tell an operator to do.
+fn sha256_hex(token: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("printf %s '{token}' | sha256sum"))
+        .output()
+        .unwrap();
+    text(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn the_http_api_takes_bearer_tokens_by_scope_and_checks_host_and_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[tokens]]\nname = \"grafana\"\nsha256 = \"{}\"\nscopes = [\"query\"]\n\n\
+             [[tokens]]\nname = \"prometheus\"\nsha256 = \"{}\"\nscopes = [\"metrics\"]\n",
+            sha256_hex("q-token"),
+            sha256_hex("m-token")
+        ),
+    )
+    .unwrap();
+    let tokens_arg = tokens.to_str().unwrap();
+    let metrics_at = format!("127.0.0.1:{}", free_port());
+    let server = Server::start(
+        &lake,
+        &[
+            "--http-tokens-file",
+            tokens_arg,
+            "--metrics-listen",
+            &metrics_at,
+        ],
+        dir.path(),
+    );
+    let q = "SELECT count(*) AS n FROM lease_events";
+    let bearer = |t: &str| format!("Authorization: Bearer {t}");
+
+    let none = server.sql(q, &[]);
+    assert_eq!(none.status, 401, "{}", none.text());
+    assert_eq!(none.json()["error"], "unauthenticated");
+    let wrong = server.sql(q, &["-H", &bearer("nope")]);
+    assert_eq!(wrong.status, 401);
+    let ok = server.sql(q, &["-H", &bearer("q-token")]);
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(ok.json()[0]["n"], 84);
+
+    // /metrics is on its own listener, with its own scope.
+    let metrics = format!("http://{metrics_at}/metrics");
+    let denied = curl(&["-H", &bearer("q-token"), &metrics]);
+    assert_eq!(denied.status, 403, "{}", denied.text());
+    assert_eq!(
+        denied.json()["message"],
+        "token \"grafana\" lacks the metrics scope"
+    );
+    let scraped = curl(&["-H", &bearer("m-token"), &metrics]);
+    assert_eq!(scraped.status, 200);
+    assert!(scraped.text().contains("# EOF"), "{}", scraped.text());
+    let on_api = curl(&[
+        "-H",
+        &bearer("m-token"),
+        &format!("{}/metrics", server.http),
+    ]);
+    assert_eq!(on_api.status, 404);
+    // The health check stays open.
+    assert_eq!(server.get("/health").status, 200);
+
+    // DNS rebinding and cross-site requests name another host.
+    let rebound = server.sql(q, &["-H", &bearer("q-token"), "-H", "Host: evil.example"]);
+    assert_eq!(rebound.status, 403, "{}", rebound.text());
+    assert_eq!(rebound.json()["error"], "foreign_host");
+    let cross = server.sql(
+        q,
+        &[
+            "-H",
+            &bearer("q-token"),
+            "-H",
+            "Origin: https://evil.example",
+        ],
+    );
+    assert_eq!(cross.status, 403);
+    // A token never shows in the log.
+    assert!(!server.proc.logs().contains("q-token"));
+}
+
+#[test]
+fn a_network_address_without_credentials_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let out = leaseline()
+        .args(["serve", "--no-pg", "--http-listen", "0.0.0.0:0", "--lake"])
+        .arg(&lake)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr).lines().next().unwrap_or(""),
+        "error: refusing to serve HTTP on 0.0.0.0:0 without tokens: set serve.http_tokens or serve.http_tokens_file (or --http-tokens-file), or listen on a loopback address"
+    );
+}
