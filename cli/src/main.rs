@@ -566,7 +566,15 @@ async fn run(
                 QueryEngine::with_audit_config(lake.open(&cfg)?, cfg.audit).with_limits(cfg.query);
             let from = leaseline_server::http::time_param("--from", &from)?;
             let to = leaseline_server::http::time_param("--to", &to)?;
-            let picture = leaseline_server::svg::lease_svg(&engine, &lease_id, from, to).await?;
+            let picture = match leaseline_server::svg::lease_svg(&engine, &lease_id, from, to).await
+            {
+                // Nothing to draw is a failed read, not a failed run.
+                Err(e @ leaseline_server::ServerError::NotFound(_)) => {
+                    eprintln!("error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+                r => r?,
+            };
             if svg == "-" {
                 print!("{picture}");
             } else {

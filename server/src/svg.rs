@@ -301,6 +301,7 @@ struct Rect {
     y1: f64,
 }
 
+#[cfg(test)]
 impl Rect {
     fn intersects(&self, o: &Rect) -> bool {
         self.x0 < o.x1 && o.x0 < self.x1 && self.y0 < o.y1 && o.y0 < self.y1
