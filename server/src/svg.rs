@@ -1003,6 +1003,14 @@ fn draw(
     }
     if empty {
         let mid = LEFT + PLOT_W / 2.0;
+        // Paper under the note, so the grid lines do not cross its words.
+        let _ = write!(
+            c.svg,
+            r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="44" fill="white"/>"#,
+            mid - 280.0,
+            chart_top + 6.0,
+            560.0
+        );
         c.text(
             mid,
             chart_top + 22.0,
