@@ -410,9 +410,10 @@ fn the_paused_holder_timeline_picture_shows_both_grants_the_expiry_and_the_rejec
         "worker-1 · token 33",
         "worker-2 · token 34",
         "expired at 10:00:13.300",
-        ">expired</text>",
+        // The marker's words, not the legend's "expired" swatch.
+        "fill=\"#c0392b\">expired</text>",
         "stale_write_rejected at 10:00:18.000 by worker-1, token 33",
-        "stale write rejected</text>",
+        "fill=\"#c0392b\">stale write rejected</text>",
         "write_accepted at 10:00:14.000 by worker-2, token 34",
     ] {
         assert!(svg.contains(needle), "the picture lacks {needle:?}:\n{svg}");

@@ -613,6 +613,7 @@ async fn run(
                 .with_limits(cfg.query);
             let from = leaseline_server::http::time_param("--from", &from)?;
             let to = leaseline_server::http::time_param("--to", &to)?;
+            // An unknown lease is an error (exit 2), never an empty picture.
             let picture = leaseline_server::svg::lease_svg(&engine, &lease_id, from, to).await?;
             if svg == "-" {
                 let mut out = terminal::stdout();

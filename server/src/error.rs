@@ -16,6 +16,9 @@ pub enum ServerError {
     /// No format the client accepts.
     #[error("{0}")]
     NotAcceptable(String),
+    /// What the request names does not exist (a lease with no events).
+    #[error("{0}")]
+    NotFound(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -27,6 +30,7 @@ impl ServerError {
             ServerError::Query(e) if e.is_resource_exhausted() => StatusCode::SERVICE_UNAVAILABLE,
             ServerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ServerError::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
+            ServerError::NotFound(_) => StatusCode::NOT_FOUND,
             ServerError::Query(_) | ServerError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -37,6 +41,7 @@ impl ServerError {
             StatusCode::BAD_REQUEST => "bad_request",
             StatusCode::SERVICE_UNAVAILABLE => "resource_exhausted",
             StatusCode::NOT_ACCEPTABLE => "not_acceptable",
+            StatusCode::NOT_FOUND => "not_found",
             _ => "internal",
         }
     }

@@ -855,3 +855,32 @@ pub fn violation_key(v: &serde_json::Value) -> String {
         v["fencing_token"]
     )
 }
+
+/// Panics unless `xml` parses as XML 1.0 (Python's parser, as strict as a
+/// browser's about what a document may hold).
+pub fn assert_well_formed(xml: &str) {
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, xml.dom.minidom; xml.dom.minidom.parseString(sys.stdin.buffer.read())",
+        ])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(xml.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "not well-formed XML: {}\n{xml}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
