@@ -67,14 +67,15 @@ fn import_sample_keeps_rejects_with_their_lines_and_dedups() {
     );
     assert_eq!(raw, "raw\nnot json at all\n");
 
-    // Importing the same file again adds no event (every line has an
-    // event_id) but keeps the rejects a second time with their origin.
+    // Importing the same file again adds nothing: no event (every line
+    // has an event_id) and no reject (the same file and line).
     let again = import(&lake, &[sample()], &[]);
     assert!(
-        again.contains("0 events, 79 duplicates, 4 rejects"),
+        again.contains("0 events, 83 duplicates, 0 rejects"),
         "{again}"
     );
     assert_eq!(count(&lake, "lease_events"), 78);
+    assert_eq!(count(&lake, "lease_rejects"), 4);
 }
 
 #[test]

@@ -190,7 +190,7 @@ fn no_password_is_refused_off_loopback() {
         .args(["--http-listen", "127.0.0.1:0", "--pg-listen", "0.0.0.0:0"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("without a password"), "{err}");
 }
