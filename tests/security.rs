@@ -392,3 +392,61 @@ fn a_network_address_without_credentials_refuses_to_start() {
         "error: refusing to serve HTTP on 0.0.0.0:0 without tokens: set serve.http_tokens or serve.http_tokens_file (or --http-tokens-file), or listen on a loopback address"
     );
 }
+
+#[test]
+fn queries_past_the_concurrency_cap_wait_then_are_refused_as_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let server = Server::start(
+        &lake,
+        &[
+            "--query-max-concurrent",
+            "1",
+            "--query-queue-timeout",
+            "500ms",
+            "--query-timeout",
+            "4s",
+        ],
+        dir.path(),
+    );
+    let runaway =
+        "SELECT sum(length(CAST(value AS VARCHAR))) AS n FROM generate_series(1, 1000000000000)";
+    let url = server.http.clone();
+    let first = std::thread::spawn(move || {
+        curl(&[
+            "-X",
+            "POST",
+            "--data-binary",
+            runaway,
+            &format!("{url}/api/v1/sql"),
+        ])
+    });
+    // Until the runaway holds the only place, a small query gets it.
+    let q = "SELECT count(*) AS n FROM lease_events";
+    assert!(
+        wait_until(Duration::from_secs(10), || server.sql(q, &[]).status == 503),
+        "the runaway never filled the only place:\n{}",
+        server.proc.logs()
+    );
+    let busy = server.sql(q, &[]);
+    assert_eq!(busy.status, 503, "{}", busy.text());
+    assert_eq!(
+        busy.json()["message"],
+        "too many queries: 1 are running and none finished within 500ms (query.max_concurrent, query.queue_timeout)"
+    );
+    let out = psql(server.pg_port, q);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("53300"), "{}", text(&out.stderr));
+    health(&server);
+    let timed_out = first.join().unwrap();
+    assert_eq!(timed_out.status, 503, "{}", timed_out.text());
+    assert!(
+        timed_out.text().contains("timed out"),
+        "{}",
+        timed_out.text()
+    );
+    // Its place is free again.
+    let after = server.sql(q, &[]);
+    assert_eq!(after.status, 200, "{}", after.text());
+    assert_eq!(after.json()[0]["n"], 84);
+}

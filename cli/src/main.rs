@@ -209,6 +209,12 @@ struct QueryArgs {
     /// How long one query may run (e.g. `30s`).
     #[arg(long, env = "LEASELINE_QUERY_TIMEOUT", value_parser = humantime::parse_duration)]
     query_timeout: Option<Duration>,
+    /// Queries running at once; the rest wait in line.
+    #[arg(long, env = "LEASELINE_QUERY_MAX_CONCURRENT")]
+    query_max_concurrent: Option<usize>,
+    /// How long a query waits in line before it is refused as busy.
+    #[arg(long, env = "LEASELINE_QUERY_QUEUE_TIMEOUT", value_parser = humantime::parse_duration)]
+    query_queue_timeout: Option<Duration>,
 }
 
 impl QueryArgs {
@@ -218,6 +224,12 @@ impl QueryArgs {
         }
         if let Some(v) = self.query_timeout {
             cfg.query.timeout = v;
+        }
+        if let Some(v) = self.query_max_concurrent {
+            cfg.query.max_concurrent = v;
+        }
+        if let Some(v) = self.query_queue_timeout {
+            cfg.query.queue_timeout = v;
         }
     }
 }

@@ -124,9 +124,10 @@ pub async fn run(
             // Connections are served where queries run: a runaway query
             // slows other queries, never HTTP, /health or ingest.
             let listener = listener.into_std()?;
+            let pg_engine = (*engine).clone();
             let task = leaseline_query::executor::handle().spawn(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                leaseline_server::pg::serve(ctx, auth, timeout, listener, async {
+                leaseline_server::pg::serve(ctx, pg_engine, auth, timeout, listener, async {
                     let _ = stopped.await;
                 })
                 .await

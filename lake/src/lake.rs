@@ -66,7 +66,10 @@ impl Lake {
         let lake = Lake {
             store: LakeStore::open_existing(location)?,
         };
-        if lake.manifest_versions().await?.is_empty() {
+        // A lake that only `check` wrote alerts to has no manifest yet.
+        if lake.manifest_versions().await?.is_empty()
+            && lake.store.list("lease_alerts").await?.is_empty()
+        {
             return Err(LakeError::NotFound {
                 location: location.to_string(),
                 reason: format!("nothing has been committed there (no {MANIFEST_DIR}/ manifests)"),

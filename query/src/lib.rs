@@ -80,6 +80,15 @@ pub enum QueryError {
         missing.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
     )]
     Damaged { version: u64, missing: Vec<String> },
+    /// Every place for a running query stayed taken for the queue timeout
+    /// (HTTP 503, SQLSTATE 53300).
+    #[error(
+        "too many queries: {running} are running and none finished within {waited:?} (query.max_concurrent, query.queue_timeout)"
+    )]
+    Busy {
+        running: usize,
+        waited: std::time::Duration,
+    },
     /// The query's task ended without an answer (it panicked).
     #[error("the query failed inside leaseline: {0}")]
     Aborted(String),
@@ -96,6 +105,7 @@ impl QueryError {
             | QueryError::Events(_)
             | QueryError::Timeout(_)
             | QueryError::Damaged { .. }
+            | QueryError::Busy { .. }
             | QueryError::Aborted(_) => false,
         }
     }
@@ -103,7 +113,7 @@ impl QueryError {
     /// True when the query ran out of its memory or time budget: HTTP 503.
     pub fn is_resource_exhausted(&self) -> bool {
         match self {
-            QueryError::Timeout(_) => true,
+            QueryError::Timeout(_) | QueryError::Busy { .. } => true,
             QueryError::DataFusion(e) => {
                 matches!(e.find_root(), DataFusionError::ResourcesExhausted(_))
             }
@@ -175,6 +185,8 @@ pub struct QueryEngine {
     limits: QueryLimits,
     /// Rows an ingester in this process consumed but has not flushed.
     pending: Option<PendingRows>,
+    /// Places for queries running at once, shared by every surface.
+    admission: Arc<tokio::sync::Semaphore>,
 }
 
 impl QueryEngine {
@@ -189,6 +201,9 @@ impl QueryEngine {
             audit: Arc::new(AuditCache::new(config)),
             limits: QueryLimits::default(),
             pending: None,
+            admission: Arc::new(tokio::sync::Semaphore::new(
+                QueryLimits::default().max_concurrent.max(1),
+            )),
         }
     }
 
@@ -220,7 +235,25 @@ impl QueryEngine {
     /// The same engine with other per-query limits.
     pub fn with_limits(mut self, limits: QueryLimits) -> Self {
         self.limits = limits;
+        self.admission = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent.max(1)));
         self
+    }
+
+    /// A place to run one query: at most [`QueryLimits::max_concurrent`]
+    /// hold one at once; the others wait up to
+    /// [`QueryLimits::queue_timeout`], then are refused as busy. A flood of
+    /// queries then slows into a queue instead of splitting the memory
+    /// and cores until every one of them fails.
+    pub async fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        let wait = self.admission.clone().acquire_owned();
+        match tokio::time::timeout(self.limits.queue_timeout, wait).await {
+            Ok(Ok(permit)) => Ok(permit),
+            // The semaphore is never closed.
+            Ok(Err(_)) | Err(_) => Err(QueryError::Busy {
+                running: self.limits.max_concurrent,
+                waited: self.limits.queue_timeout,
+            }),
+        }
     }
 
     pub fn limits(&self) -> &QueryLimits {
@@ -423,6 +456,7 @@ impl QueryEngine {
         &self,
         work: impl std::future::Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
+        let _permit = self.admit().await?;
         match tokio::time::timeout(self.limits.timeout, executor::spawn(work)).await {
             Err(_) => Err(QueryError::Timeout(self.limits.timeout)),
             Ok(Err(join)) => Err(QueryError::Aborted(join.to_string())),

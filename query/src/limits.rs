@@ -17,6 +17,13 @@ pub struct QueryLimits {
     /// How long a query may run, planning included (`"30s"`). Default 30 s.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// Queries that may run at once in one process; the rest wait in line.
+    /// Default 8.
+    pub max_concurrent: usize,
+    /// How long a query waits in line before it is refused as busy (HTTP
+    /// 503, SQLSTATE 53300). Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub queue_timeout: Duration,
 }
 
 impl Default for QueryLimits {
@@ -24,6 +31,8 @@ impl Default for QueryLimits {
         QueryLimits {
             max_memory_bytes: ByteSize::gib(1),
             timeout: Duration::from_secs(30),
+            max_concurrent: 8,
+            queue_timeout: Duration::from_secs(10),
         }
     }
 }

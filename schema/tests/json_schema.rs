@@ -334,7 +334,7 @@ fn edge_cases() -> Vec<(String, Option<&'static str>)> {
         (ts(r#""2026-12-31T23:59:60Z""#), None),
         (ts(r#""2028-02-29T00:00:00Z""#), None),
         (ts(r#""2000-02-29T00:00:00Z""#), None),
-        (ts(r#""0000-02-29T00:00:00Z""#), None),
+        (ts(r#""0000-02-29T00:00:00Z""#), Some("out_of_range:ts")),
         (ts(r#""1900-02-29T00:00:00Z""#), Some("bad_timestamp")),
         (ts(r#""2026-02-29T00:00:00Z""#), Some("bad_timestamp")),
         (ts(r#""2026-04-31T00:00:00Z""#), Some("bad_timestamp")),

@@ -90,6 +90,7 @@ const SESSION_SETTINGS: &[&str] = &[
 /// `query_timeout`.
 pub async fn serve(
     ctx: Arc<SessionContext>,
+    engine: leaseline_query::QueryEngine,
     auth: Option<(String, String)>,
     query_timeout: Duration,
     listener: TcpListener,
@@ -97,7 +98,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     install_pg_catalog(&ctx).map_err(std::io::Error::other)?;
     let handlers = Arc::new(Handlers {
-        service: Arc::new(PgService::new(ctx, query_timeout)),
+        service: Arc::new(PgService::new(ctx, engine, query_timeout)),
         credentials: auth.map(|(user, password)| Arc::new(Credentials::new(user, &password))),
         connections: Arc::new(ConnectionManager::new()),
     });
@@ -278,11 +279,17 @@ impl AuthSource for Credentials {
 /// `DfSessionService` under a deadline per statement.
 struct PgService {
     inner: DfSessionService,
+    /// Admits each statement among the process's running queries.
+    engine: leaseline_query::QueryEngine,
     timeout: Duration,
 }
 
 impl PgService {
-    fn new(ctx: Arc<SessionContext>, timeout: Duration) -> Self {
+    fn new(
+        ctx: Arc<SessionContext>,
+        engine: leaseline_query::QueryEngine,
+        timeout: Duration,
+    ) -> Self {
         // datafusion-postgres's default hooks, behind ours.
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(ReadOnlyHook),
@@ -292,14 +299,33 @@ impl PgService {
         ];
         PgService {
             inner: DfSessionService::new_with_hooks(ctx, hooks),
+            engine,
             timeout,
         }
+    }
+
+    /// A place among the running queries, or SQLSTATE 53300
+    /// (too_many_connections, as PostgreSQL says when it is full).
+    async fn admit(&self) -> PgWireResult<tokio::sync::OwnedSemaphorePermit> {
+        self.engine.admit().await.map_err(|e| {
+            PgWireError::UserError(Box::new(ErrorInfo::new(
+                "ERROR".to_owned(),
+                "53300".to_owned(),
+                e.to_string(),
+            )))
+        })
     }
 
     /// Bounds the rows of a result by `deadline` too: they are computed
     /// while pgwire sends them, after `do_query` has returned. Dropping the
     /// stream on expiry stops DataFusion's execution.
-    fn bounded(&self, response: Response, deadline: Instant) -> Response {
+    /// The admission `permit` is held until the last row is sent.
+    fn bounded(
+        &self,
+        response: Response,
+        deadline: Instant,
+        permit: Arc<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Response {
         let mut query = match response {
             Response::Query(query) => query,
             other => return other,
@@ -309,15 +335,15 @@ impl PgService {
         let empty = futures::stream::empty::<PgWireResult<DataRow>>();
         let rows = std::mem::replace(&mut query.data_rows, Box::pin(empty));
         query.data_rows = Box::pin(futures::stream::unfold(
-            Some(rows),
-            move |rows| async move {
+            (Some(rows), permit),
+            move |(rows, permit)| async move {
                 let Some(mut rows) = rows else {
                     return None; // the deadline passed: the error was the last item
                 };
                 match timeout_at(deadline, rows.next()).await {
-                    Ok(Some(row)) => Some((row, Some(rows))),
+                    Ok(Some(row)) => Some((row, (Some(rows), permit))),
                     Ok(None) => None,
-                    Err(_) => Some((Err(timed_out(limit)), None)),
+                    Err(_) => Some((Err(timed_out(limit)), (None, permit))),
                 }
             },
         ));
@@ -334,6 +360,7 @@ impl SimpleQueryHandler for PgService {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        let permit = Arc::new(self.admit().await?);
         // One deadline for all statements of the query string.
         let deadline = Instant::now() + self.timeout;
         let work = <DfSessionService as SimpleQueryHandler>::do_query(&self.inner, client, query);
@@ -342,7 +369,7 @@ impl SimpleQueryHandler for PgService {
             .map_err(|_| timed_out(self.timeout))??;
         Ok(responses
             .into_iter()
-            .map(|r| self.bounded(r, deadline))
+            .map(|r| self.bounded(r, deadline, permit.clone()))
             .collect())
     }
 }
@@ -368,6 +395,7 @@ impl ExtendedQueryHandler for PgService {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        let permit = Arc::new(self.admit().await?);
         let deadline = Instant::now() + self.timeout;
         let work = <DfSessionService as ExtendedQueryHandler>::do_query(
             &self.inner,
@@ -378,7 +406,7 @@ impl ExtendedQueryHandler for PgService {
         let response = timeout_at(deadline, work)
             .await
             .map_err(|_| timed_out(self.timeout))??;
-        Ok(self.bounded(response, deadline))
+        Ok(self.bounded(response, deadline, permit))
     }
 }
 
