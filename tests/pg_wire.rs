@@ -181,6 +181,33 @@ fn password_authentication() {
 }
 
 #[test]
+fn the_password_can_come_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let file = dir.path().join("pg-password");
+    std::fs::write(&file, "from-a-file\n").unwrap();
+    let server = Server::start(
+        &lake,
+        &[
+            "--pg-user",
+            "sre",
+            "--pg-password-file",
+            file.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let q = ["SELECT count(*) FROM lease_holders"];
+    assert!(!psql(server.pg_port, "sre", Some("wrong"), &q)
+        .status
+        .success());
+    assert_eq!(
+        ok(&psql(server.pg_port, "sre", Some("from-a-file"), &q)).trim(),
+        "6"
+    );
+    assert!(!server.proc.logs().contains("from-a-file"));
+}
+
+#[test]
 fn no_password_is_refused_off_loopback() {
     let dir = tempfile::tempdir().unwrap();
     let lake = lake_with_history(dir.path());

@@ -56,6 +56,9 @@ pub struct ServeConfig {
     /// The PostgreSQL password (SCRAM-SHA-256). Without one, anyone may
     /// connect, which `serve` only allows on a loopback address.
     pub pg_password: Option<String>,
+    /// A file holding the PostgreSQL password (its first line), so that it
+    /// need not sit in the configuration or the environment.
+    pub pg_password_file: Option<std::path::PathBuf>,
     /// Bearer tokens of the HTTP API, by their SHA-256, with scopes
     /// (`query`, `metrics`, `ingest`). Without any, the API is open, which
     /// `serve` only allows on a loopback address. Default none.
@@ -97,6 +100,7 @@ impl Default for ServeConfig {
             pg_listen: Some(SocketAddr::from(([127, 0, 0, 1], 5432))),
             pg_user: "leaseline".into(),
             pg_password: None,
+            pg_password_file: None,
             http_tokens: Vec::new(),
             http_tokens_file: None,
             allowed_hosts: Vec::new(),

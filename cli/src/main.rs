@@ -75,6 +75,9 @@ struct ListenArgs {
     /// loopback address.
     #[arg(long, env = "LEASELINE_PG_PASSWORD", hide_env_values = true)]
     pg_password: Option<String>,
+    /// A file whose first line is the PostgreSQL password.
+    #[arg(long, env = "LEASELINE_PG_PASSWORD_FILE")]
+    pg_password_file: Option<PathBuf>,
     /// A TOML file of the HTTP API's bearer tokens (`[[tokens]]` with
     /// `name`, `sha256` and `scopes`); required unless `--http-listen` is
     /// a loopback address.
@@ -109,6 +112,9 @@ impl ListenArgs {
         }
         if self.pg_password.is_some() {
             cfg.serve.pg_password = self.pg_password;
+        }
+        if self.pg_password_file.is_some() {
+            cfg.serve.pg_password_file = self.pg_password_file;
         }
         if self.http_tokens_file.is_some() {
             cfg.serve.http_tokens_file = self.http_tokens_file;

@@ -94,6 +94,16 @@ pub async fn run(
     let mut pg_addr = None;
     let (pg_stop, pg) = match cfg.serve.pg_listen {
         Some(addr) => {
+            if let Some(path) = &cfg.serve.pg_password_file {
+                anyhow::ensure!(
+                    cfg.serve.pg_password.is_none(),
+                    "give the PostgreSQL password once: serve.pg_password or serve.pg_password_file"
+                );
+                let text = std::fs::read_to_string(path).with_context(|| {
+                    format!("reading the PostgreSQL password file {}", path.display())
+                })?;
+                cfg.serve.pg_password = Some(text.lines().next().unwrap_or("").to_string());
+            }
             // An empty password would pass every check below and admit
             // anyone who sends one.
             anyhow::ensure!(
