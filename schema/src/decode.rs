@@ -826,7 +826,11 @@ impl<'de> Checked<'de> {
             (Field::KeepaliveSentMonoMs, self.keepalive_sent_mono_ms),
             (Field::DeadlineMonoMs, self.deadline_mono_ms),
         ] {
-            if let Some(v) = v.filter(|v| !(*v <= MAX_DURATION_MS as f64)) {
+            // Written so that NaN is refused too.
+            if let Some(v) = v.filter(|v| {
+                v.partial_cmp(&(MAX_DURATION_MS as f64))
+                    .is_none_or(|o| o.is_gt())
+            }) {
                 return Err(too_long(field, v));
             }
         }
