@@ -181,6 +181,38 @@ fn password_authentication() {
 }
 
 #[test]
+fn a_shorter_statement_timeout_of_the_connection_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let server = Server::start(&lake, &["--query-timeout", "60s"], dir.path());
+    let runaway =
+        "SELECT sum(length(CAST(value AS VARCHAR))) FROM generate_series(1, 1000000000000)";
+    let started = std::time::Instant::now();
+    let out = psql(
+        server.pg_port,
+        "leaseline",
+        None,
+        &["SET statement_timeout = '700ms'", runaway],
+    );
+    let took = started.elapsed();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("query timed out after 700ms"), "{err}");
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    // 0 means no statement limit, as in PostgreSQL: query.timeout holds.
+    let n = ok(&psql(
+        server.pg_port,
+        "leaseline",
+        None,
+        &[
+            "SET statement_timeout = 0",
+            "SELECT count(*) FROM lease_events",
+        ],
+    ));
+    assert_eq!(n.trim(), "SET\n84");
+}
+
+#[test]
 fn the_password_can_come_from_a_file() {
     let dir = tempfile::tempdir().unwrap();
     let lake = lake_with_history(dir.path());

@@ -319,18 +319,33 @@ impl PgService {
     /// Bounds the rows of a result by `deadline` too: they are computed
     /// while pgwire sends them, after `do_query` has returned. Dropping the
     /// stream on expiry stops DataFusion's execution.
+    /// The statement's time limit: `query.timeout`, or the connection's
+    /// `statement_timeout` when that is set and shorter (0 means none, as
+    /// in PostgreSQL). datafusion-postgres's `SetShowHook` keeps it in the
+    /// client's metadata, in milliseconds.
+    fn limit<C: ClientInfo + ?Sized>(&self, client: &C) -> Duration {
+        client
+            .metadata()
+            .get("statement_timeout_ms")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .map_or(self.timeout, |ms| {
+                self.timeout.min(Duration::from_millis(ms))
+            })
+    }
+
     /// The admission `permit` is held until the last row is sent.
     fn bounded(
         &self,
         response: Response,
         deadline: Instant,
+        limit: Duration,
         permit: Arc<tokio::sync::OwnedSemaphorePermit>,
     ) -> Response {
         let mut query = match response {
             Response::Query(query) => query,
             other => return other,
         };
-        let limit = self.timeout;
         // `QueryResponse` is #[non_exhaustive] but its fields are pub.
         let empty = futures::stream::empty::<PgWireResult<DataRow>>();
         let rows = std::mem::replace(&mut query.data_rows, Box::pin(empty));
@@ -362,14 +377,15 @@ impl SimpleQueryHandler for PgService {
     {
         let permit = Arc::new(self.admit().await?);
         // One deadline for all statements of the query string.
-        let deadline = Instant::now() + self.timeout;
+        let limit = self.limit(client);
+        let deadline = Instant::now() + limit;
         let work = <DfSessionService as SimpleQueryHandler>::do_query(&self.inner, client, query);
         let responses = timeout_at(deadline, work)
             .await
-            .map_err(|_| timed_out(self.timeout))??;
+            .map_err(|_| timed_out(limit))??;
         Ok(responses
             .into_iter()
-            .map(|r| self.bounded(r, deadline, permit.clone()))
+            .map(|r| self.bounded(r, deadline, limit, permit.clone()))
             .collect())
     }
 }
@@ -396,7 +412,8 @@ impl ExtendedQueryHandler for PgService {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let permit = Arc::new(self.admit().await?);
-        let deadline = Instant::now() + self.timeout;
+        let limit = self.limit(client);
+        let deadline = Instant::now() + limit;
         let work = <DfSessionService as ExtendedQueryHandler>::do_query(
             &self.inner,
             client,
@@ -405,8 +422,8 @@ impl ExtendedQueryHandler for PgService {
         );
         let response = timeout_at(deadline, work)
             .await
-            .map_err(|_| timed_out(self.timeout))??;
-        Ok(self.bounded(response, deadline, permit))
+            .map_err(|_| timed_out(limit))??;
+        Ok(self.bounded(response, deadline, limit, permit))
     }
 }
 
@@ -414,7 +431,9 @@ fn timed_out(limit: Duration) -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
         "ERROR".to_owned(),
         "57014".to_owned(), // query_canceled, as PostgreSQL's statement_timeout
-        format!("query timed out after {limit:?} (the limit is query.timeout)"),
+        format!(
+            "query timed out after {limit:?} (the limit is query.timeout, or statement_timeout when shorter)"
+        ),
     )))
 }
 
