@@ -321,8 +321,20 @@ fn media_type(v: &str) -> &str {
     v.split(';').next().unwrap_or("").trim()
 }
 
-/// The response format from the `Accept` header: the first listed type we
-/// can produce; JSON when there is no header or it accepts anything.
+/// The quality an `Accept` item gives its type (`;q=0.5`), 1 when none.
+fn quality(item: &str) -> f32 {
+    item.split(';')
+        .skip(1)
+        .filter_map(|p| p.trim().strip_prefix("q="))
+        .filter_map(|q| q.trim().parse::<f32>().ok())
+        .next()
+        .unwrap_or(1.0)
+}
+
+/// The response format from the `Accept` header: of the types we can
+/// produce, the one with the highest quality, the first listed among
+/// equals; never one with `q=0`. JSON when there is no header or it
+/// accepts anything.
 fn negotiate(headers: &HeaderMap) -> Result<Format, ServerError> {
     let Some(accept) = headers.get(header::ACCEPT) else {
         return Ok(Format::Json);
@@ -330,7 +342,10 @@ fn negotiate(headers: &HeaderMap) -> Result<Format, ServerError> {
     let accept = accept
         .to_str()
         .map_err(|_| ServerError::BadRequest("unreadable Accept header".into()))?;
-    for item in accept.split(',') {
+    let mut items: Vec<&str> = accept.split(',').filter(|i| quality(i) > 0.0).collect();
+    // Stable: among equal qualities the listed order stands.
+    items.sort_by(|a, b| quality(b).total_cmp(&quality(a)));
+    for item in items {
         let media = media_type(item);
         if matches!(media, "*/*" | "application/*" | "") {
             return Ok(Format::Json);
@@ -355,4 +370,34 @@ fn respond(format: Format, result: &QueryResult) -> Result<Response, ServerError
         HeaderValue::from_static(format.content_type()),
     );
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pick(accept: &str) -> Option<Format> {
+        let mut h = HeaderMap::new();
+        h.insert(header::ACCEPT, HeaderValue::from_str(accept).unwrap());
+        negotiate(&h).ok()
+    }
+
+    #[test]
+    fn accept_quality_values_rank_the_types() {
+        assert_eq!(pick("text/csv"), Some(Format::Csv));
+        assert_eq!(
+            pick("application/json;q=0.5, text/csv;q=0.9"),
+            Some(Format::Csv)
+        );
+        assert_eq!(
+            pick("text/csv;q=0.2, application/x-ndjson"),
+            Some(Format::Ndjson)
+        );
+        // Equal qualities: the first listed.
+        assert_eq!(pick("text/csv, application/json"), Some(Format::Csv));
+        // q=0 means "not this one".
+        assert_eq!(pick("text/csv;q=0"), None);
+        assert_eq!(pick("text/csv;q=0, */*;q=0.1"), Some(Format::Json));
+        assert_eq!(pick("image/png"), None);
+    }
 }
