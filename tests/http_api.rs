@@ -217,3 +217,28 @@ fn sigterm_stops_serve_cleanly() {
     let status = server.proc.terminate(std::time::Duration::from_secs(30));
     assert!(status.success(), "{status:?}\n{}", server.proc.logs());
 }
+
+#[test]
+fn every_error_is_json_even_from_the_extractors() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let server = Server::start(&lake, &[], dir.path());
+    // An unknown query parameter, an unknown route, a wrong method.
+    let bad_param = server.get("/api/v1/violations?nope=1");
+    assert_eq!(bad_param.status, 400, "{}", bad_param.text());
+    assert_eq!(bad_param.json()["error"], "bad_request");
+    assert!(
+        bad_param.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("nope"),
+        "{}",
+        bad_param.text()
+    );
+    let unknown = server.get("/api/v1/nothing");
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.json()["message"], "no endpoint /api/v1/nothing");
+    let method = server.get("/api/v1/sql");
+    assert_eq!(method.status, 405);
+    assert_eq!(method.json()["error"], "method_not_allowed");
+}

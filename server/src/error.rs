@@ -42,9 +42,56 @@ impl ServerError {
             StatusCode::SERVICE_UNAVAILABLE => "resource_exhausted",
             StatusCode::NOT_ACCEPTABLE => "not_acceptable",
             StatusCode::NOT_FOUND => "not_found",
+            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+            StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            s if s.is_client_error() => "bad_request",
             _ => "internal",
         }
     }
+}
+
+/// Middleware: every error the API answers is JSON, as its own handlers'
+/// are. axum's extractors (a query string that does not parse, an unknown
+/// route, a wrong method) answer in plain text or with no body; their
+/// text becomes the `message`.
+pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    // Extractor messages are short; a large body is not one of them.
+    let text = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    let mut out = (
+        status,
+        Json(Body {
+            error: ServerError::kind(status),
+            message,
+        }),
+    )
+        .into_response();
+    // Keep what the response said besides its body (Allow, WWW-Authenticate).
+    for (k, v) in parts.headers.iter() {
+        if k != axum::http::header::CONTENT_TYPE && k != axum::http::header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
 }
 
 #[derive(Serialize)]

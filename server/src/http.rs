@@ -55,10 +55,14 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/leases/{lease_id}/timeline.svg", get(timeline_svg))
         .route("/api/v1/violations", get(violations))
         .route("/metrics", get(metrics))
+        .fallback(|uri: axum::http::Uri| async move {
+            ServerError::NotFound(format!("no endpoint {}", uri.path()))
+        })
         .layer(axum::middleware::from_fn_with_state(
             state.auth.clone(),
             crate::auth::guard,
         ))
+        .layer(axum::middleware::from_fn(crate::error::json_errors))
         .with_state(state)
 }
 
@@ -71,6 +75,7 @@ pub fn metrics_router(state: AppState) -> Router {
             state.auth.clone(),
             crate::auth::guard,
         ))
+        .layer(axum::middleware::from_fn(crate::error::json_errors))
         .with_state(state)
 }
 
