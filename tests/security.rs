@@ -450,3 +450,41 @@ fn queries_past_the_concurrency_cap_wait_then_are_refused_as_busy() {
     assert_eq!(after.status, 200, "{}", after.text());
     assert_eq!(after.json()[0]["n"], 84);
 }
+
+#[test]
+fn postgres_connections_past_the_cap_are_refused_and_http_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let server = Server::start(&lake, &["--pg-max-connections", "2"], dir.path());
+    let addr = format!("127.0.0.1:{}", server.pg_port);
+    // Two sockets that connect and say nothing hold both places.
+    let held: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let q = "SELECT count(*) FROM lease_events";
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let out = psql(server.pg_port, q);
+            !out.status.success() && text(&out.stderr).contains("too many clients")
+        }),
+        "a third connection was not refused:\n{}",
+        server.proc.logs()
+    );
+    let out = psql(server.pg_port, q);
+    assert!(
+        text(&out.stderr).contains("sorry, too many clients already"),
+        "{}",
+        text(&out.stderr)
+    );
+    health(&server);
+    assert_eq!(server.sql("SELECT 1 AS one", &[]).status, 200);
+    // Closing them frees the places.
+    drop(held);
+    assert!(
+        wait_until(Duration::from_secs(10), || psql(server.pg_port, q)
+            .status
+            .success()),
+        "{}",
+        server.proc.logs()
+    );
+}

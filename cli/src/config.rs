@@ -56,6 +56,9 @@ pub struct ServeConfig {
     /// The PostgreSQL password (SCRAM-SHA-256). Without one, anyone may
     /// connect, which `serve` only allows on a loopback address.
     pub pg_password: Option<String>,
+    /// PostgreSQL connections open at once; more are refused with SQLSTATE
+    /// 53300. Default 256.
+    pub pg_max_connections: usize,
     /// A file holding the PostgreSQL password (its first line), so that it
     /// need not sit in the configuration or the environment.
     pub pg_password_file: Option<std::path::PathBuf>,
@@ -101,6 +104,7 @@ impl Default for ServeConfig {
             pg_user: "leaseline".into(),
             pg_password: None,
             pg_password_file: None,
+            pg_max_connections: 256,
             http_tokens: Vec::new(),
             http_tokens_file: None,
             allowed_hosts: Vec::new(),

@@ -75,6 +75,9 @@ struct ListenArgs {
     /// loopback address.
     #[arg(long, env = "LEASELINE_PG_PASSWORD", hide_env_values = true)]
     pg_password: Option<String>,
+    /// PostgreSQL connections open at once; more are refused (53300).
+    #[arg(long, env = "LEASELINE_PG_MAX_CONNECTIONS")]
+    pg_max_connections: Option<usize>,
     /// A file whose first line is the PostgreSQL password.
     #[arg(long, env = "LEASELINE_PG_PASSWORD_FILE")]
     pg_password_file: Option<PathBuf>,
@@ -112,6 +115,9 @@ impl ListenArgs {
         }
         if self.pg_password.is_some() {
             cfg.serve.pg_password = self.pg_password;
+        }
+        if let Some(n) = self.pg_max_connections {
+            cfg.serve.pg_max_connections = n;
         }
         if self.pg_password_file.is_some() {
             cfg.serve.pg_password_file = self.pg_password_file;

@@ -135,11 +135,20 @@ pub async fn run(
             // slows other queries, never HTTP, /health or ingest.
             let listener = listener.into_std()?;
             let pg_engine = (*engine).clone();
+            let max_connections = cfg.serve.pg_max_connections.max(1);
             let task = leaseline_query::executor::handle().spawn(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                leaseline_server::pg::serve(ctx, pg_engine, auth, timeout, listener, async {
-                    let _ = stopped.await;
-                })
+                leaseline_server::pg::serve(
+                    ctx,
+                    pg_engine,
+                    auth,
+                    timeout,
+                    listener,
+                    max_connections,
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
                 .await
             });
             (Some(stop), Some(task))

@@ -69,6 +69,52 @@ use tokio::time::{timeout_at, Instant};
 /// How long open connections may finish after shutdown before they are cut.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// How long a new connection may stay silent before its first message (the
+/// startup or SSL request): a socket that never speaks must not hold a
+/// place under the connection cap.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Answers a connection over the cap as PostgreSQL does: read its startup
+/// message (declining SSL first if it asks), then a FATAL 53300. Reading
+/// first matters: closing a socket with unread data resets it, and the
+/// client would see a dropped connection instead of the reason.
+async fn refuse(socket: &mut tokio::net::TcpStream) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    let mut buf = [0u8; 1024];
+    let n = socket.read(&mut buf).await?;
+    if buf[..n] == SSL_REQUEST {
+        socket.write_all(b"N").await?;
+        socket.read(&mut buf).await?;
+    }
+    socket.write_all(&too_many_clients()).await?;
+    socket.shutdown().await
+}
+
+/// PostgreSQL's ErrorResponse for a server that is full, sent before
+/// closing a connection over the cap: FATAL, SQLSTATE 53300.
+fn too_many_clients() -> Vec<u8> {
+    let mut fields = Vec::new();
+    for (code, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', "53300"),
+        (
+            b'M',
+            "sorry, too many clients already (serve.pg_max_connections)",
+        ),
+    ] {
+        fields.push(code);
+        fields.extend_from_slice(value.as_bytes());
+        fields.push(0);
+    }
+    fields.push(0);
+    let mut msg = vec![b'E'];
+    msg.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+    msg.extend_from_slice(&fields);
+    msg
+}
+
 /// Session settings that datafusion-postgres's `SetShowHook` keeps per
 /// connection (in the client's metadata); every other `SET` is acknowledged
 /// and ignored.
@@ -94,6 +140,7 @@ pub async fn serve(
     auth: Option<(String, String)>,
     query_timeout: Duration,
     listener: TcpListener,
+    max_connections: usize,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     install_pg_catalog(&ctx).map_err(std::io::Error::other)?;
@@ -109,9 +156,21 @@ pub async fn serve(
             _ = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
+                Ok((mut socket, peer)) if connections.len() >= max_connections => {
+                    tracing::warn!(%peer, max_connections, "postgres connection refused: too many clients");
+                    // Said and closed off the accept loop, so a flood of
+                    // them cannot stall it.
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(Duration::from_secs(2), refuse(&mut socket)).await;
+                    });
+                }
                 Ok((socket, peer)) => {
                     let handlers = handlers.clone();
                     connections.spawn(async move {
+                        if tokio::time::timeout(HANDSHAKE_TIMEOUT, socket.readable()).await.is_err() {
+                            tracing::info!(%peer, "postgres connection closed: nothing sent within {HANDSHAKE_TIMEOUT:?}");
+                            return;
+                        }
                         if let Err(e) = process_socket(socket, None, handlers).await {
                             tracing::debug!(%peer, error = %e, "postgres connection failed");
                         }
