@@ -85,7 +85,8 @@ async fn refuse(socket: &mut tokio::net::TcpStream) -> std::io::Result<()> {
     let n = socket.read(&mut buf).await?;
     if buf[..n] == SSL_REQUEST {
         socket.write_all(b"N").await?;
-        socket.read(&mut buf).await?;
+        // The startup message itself: its content does not matter here.
+        let _startup = socket.read(&mut buf).await?;
     }
     socket.write_all(&too_many_clients()).await?;
     socket.shutdown().await
