@@ -811,6 +811,11 @@ fn double_grant_server(dir: &Path) -> Server {
     server
 }
 
+/// Every lease of [`DOUBLE_GRANT`], once each.
+fn double_grant_leases() -> BTreeSet<String> {
+    double_grant_events().into_iter().map(|(l, _)| l).collect()
+}
+
 /// Every lease of [`DOUBLE_GRANT`] and its event times, from the file.
 fn double_grant_events() -> Vec<(String, i64)> {
     DOUBLE_GRANT
@@ -848,7 +853,7 @@ fn every_state_timeline_shows_the_grants_the_audit_finds_valid_at_each_instant()
     let pg = server.pg_port;
     let (from, to) = RANGE;
     let (t0, t1) = (micros(from), micros(to));
-    let leases: BTreeSet<String> = double_grant_events().into_iter().map(|(l, _)| l).collect();
+    let leases = double_grant_leases();
 
     let mut panels = 0;
     for (name, d) in dashboards() {
@@ -965,7 +970,7 @@ fn the_grants_tables_list_every_grant_that_overlaps_the_range() {
     let pg = server.pg_port;
     let (from, to) = RANGE;
     let (t0, t1) = (micros(from), micros(to));
-    let leases: BTreeSet<String> = double_grant_events().into_iter().map(|(l, _)| l).collect();
+    let leases = double_grant_leases();
     let mut tables = 0;
     for (name, d) in dashboards() {
         for p in d["panels"].as_array().unwrap() {
