@@ -488,3 +488,257 @@ fn postgres_connections_past_the_cap_are_refused_and_http_lives() {
         server.proc.logs()
     );
 }
+
+/// The most memory the process has held so far (its peak resident set).
+fn peak_rss(server: &Server) -> u64 {
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", server.proc.child.id())).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kb * 1024
+}
+
+#[test]
+fn functions_that_build_huge_values_are_held_to_the_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let mut server = Server::start(
+        &lake,
+        &[
+            "--query-max-memory-bytes",
+            "256MiB",
+            "--query-memory-pool-bytes",
+            "384MiB",
+        ],
+        dir.path(),
+    );
+    // Each would build gigabytes in one value or one list: refused before
+    // it is built, as over the query's memory limit.
+    for probe in [
+        "SELECT repeat('x', 1000000000) AS s",
+        "SELECT length(lpad('x', 1000000000)) AS n",
+        "SELECT count(*) AS n FROM unnest(range(1, 1000000000))",
+        "SELECT count(*) AS n FROM unnest(generate_series(1, 1000000000))",
+        "SELECT cardinality(array_repeat(1, 1000000000)) AS n",
+        // Row by row: each value is small, the batch's are not.
+        "SELECT sum(length(repeat('x', 100000000 + value))) AS n FROM generate_series(1, 20)",
+    ] {
+        let reply = server.sql(probe, &[]);
+        assert_eq!(reply.status, 503, "{probe}: {}", reply.text());
+        let body = reply.json();
+        assert_eq!(body["error"], "resource_exhausted", "{probe}: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("query.max_memory_bytes"),
+            "{probe}: {body}"
+        );
+        health(&server);
+    }
+    // The same over PostgreSQL.
+    let out = psql(server.pg_port, "SELECT repeat('x', 1000000000) AS s");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("query.max_memory_bytes"),
+        "{}",
+        text(&out.stderr)
+    );
+    // What fits is answered, exactly.
+    let ok = server.sql(
+        "SELECT length(repeat('ab', 1000)) AS a, \
+         (SELECT count(*) FROM unnest(range(1, 100001))) AS b",
+        &[],
+    );
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(ok.json()[0]["a"], 2000);
+    assert_eq!(ok.json()[0]["b"], 100000);
+    // Nothing was built: the process never came near the gigabytes asked.
+    let peak = peak_rss(&server);
+    assert!(peak < 512 << 20, "peak RSS {} MiB", peak >> 20);
+    assert!(server.proc.running(), "{}", server.proc.logs());
+}
+
+/// curl's response headers and body, for a request with extra arguments.
+fn curl_with_headers(args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "60", "-D", "-"])
+        .args(args)
+        .output()
+        .expect("curl");
+    let all = text(&out.stdout);
+    let (head, body) = all.split_once("\r\n\r\n").unwrap_or((&all, ""));
+    (head.to_ascii_lowercase(), body.to_string())
+}
+
+#[test]
+fn results_stream_and_a_row_limit_keeps_the_first_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let server = Server::start(&lake, &[], dir.path());
+    let url = format!("{}/api/v1/sql", server.http);
+    let ordered = "SELECT event_id FROM lease_events ORDER BY event_id";
+    let all: Vec<String> = server
+        .sql(ordered, &[])
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["event_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(all.len(), 84);
+
+    // Sent as computed: chunked, with no length known in advance.
+    for accept in [
+        "application/json",
+        "text/csv",
+        "application/x-ndjson",
+        "application/vnd.apache.arrow.stream",
+    ] {
+        let (head, _) = curl_with_headers(&[
+            "-X",
+            "POST",
+            "-H",
+            &format!("Accept: {accept}"),
+            "--data-binary",
+            ordered,
+            &url,
+        ]);
+        assert!(
+            head.contains("transfer-encoding: chunked"),
+            "{accept}: {head}"
+        );
+        assert!(!head.contains("content-length"), "{accept}: {head}");
+    }
+
+    // max_rows as a parameter, or in a JSON body: the first rows.
+    let reply = curl(&[
+        "-X",
+        "POST",
+        "--data-binary",
+        ordered,
+        &format!("{url}?max_rows=5"),
+    ]);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let got: Vec<String> = reply
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["event_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(got, all[..5]);
+    let body = serde_json::json!({ "query": ordered, "max_rows": 3 }).to_string();
+    let reply = curl(&[
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "-H",
+        "Accept: application/x-ndjson",
+        "--data-binary",
+        &body,
+        &url,
+    ]);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let lines: Vec<String> = reply
+        .text()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["event_id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(lines, all[..3]);
+    // A bad limit is the client's error.
+    let bad = curl(&[
+        "-X",
+        "POST",
+        "--data-binary",
+        ordered,
+        &format!("{url}?max_rows=many"),
+    ]);
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    // Errors before the first row keep their status.
+    assert_eq!(server.sql("SELECT nope FROM lease_events", &[]).status, 400);
+
+    // The CLI prints as it reads, with the same limit.
+    let out = run_ok(leaseline().args([
+        "sql",
+        "--lake",
+        lake.to_str().unwrap(),
+        "--format",
+        "csv",
+        "--max-rows",
+        "2",
+        ordered,
+    ]));
+    let csv = text(&out.stdout);
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows, vec!["event_id", all[0].as_str(), all[1].as_str()]);
+}
+
+#[test]
+fn slow_readers_of_large_results_hold_little_memory_and_free_their_places() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let mut server = Server::start(
+        &lake,
+        &["--query-max-concurrent", "4", "--query-queue-timeout", "1s"],
+        dir.path(),
+    );
+    let url = format!("{}/api/v1/sql", server.http);
+    // About 2 GB of JSON each: buffered whole, four would take gigabytes.
+    let big = "SELECT value, repeat('x', 100) AS pad FROM generate_series(1, 20000000)";
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                std::process::Command::new("curl")
+                    .args([
+                        "-sS",
+                        "-o",
+                        "/dev/null",
+                        "--limit-rate",
+                        "200K",
+                        "--max-time",
+                        "4",
+                        "-X",
+                        "POST",
+                        "--data-binary",
+                        big,
+                        &url,
+                    ])
+                    .status()
+                    .unwrap()
+            })
+        })
+        .collect();
+    // While they read, the four places are taken and /health answers.
+    for _ in 0..5 {
+        health(&server);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for r in readers {
+        // curl gave up at its --max-time (exit 28), mid-body.
+        assert_eq!(r.join().unwrap().code(), Some(28));
+    }
+    // Readers gone, their queries stop and give their places back.
+    assert!(
+        wait_until(Duration::from_secs(10), || server
+            .sql("SELECT count(*) AS n FROM lease_events", &[])
+            .status
+            == 200),
+        "places were not given back:\n{}",
+        server.proc.logs()
+    );
+    let peak = peak_rss(&server);
+    assert!(peak < 512 << 20, "peak RSS {} MiB", peak >> 20);
+    assert!(server.proc.running(), "{}", server.proc.logs());
+}

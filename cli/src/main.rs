@@ -24,6 +24,7 @@ use std::time::Duration;
 use anyhow::Context;
 use bytesize::ByteSize;
 use clap::{Args, Parser, Subcommand};
+use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use leaseline_ingest::import::{import, ImportInput};
 use leaseline_ingest::{kafka, CompactionConfig};
@@ -218,6 +219,9 @@ struct QueryArgs {
     /// Memory one query may hold (e.g. `1GiB`).
     #[arg(long, env = "LEASELINE_QUERY_MAX_MEMORY_BYTES")]
     query_max_memory_bytes: Option<ByteSize>,
+    /// Memory all queries of the process together may hold (e.g. `2GiB`).
+    #[arg(long, env = "LEASELINE_QUERY_MEMORY_POOL_BYTES")]
+    query_memory_pool_bytes: Option<ByteSize>,
     /// How long one query may run (e.g. `30s`).
     #[arg(long, env = "LEASELINE_QUERY_TIMEOUT", value_parser = humantime::parse_duration)]
     query_timeout: Option<Duration>,
@@ -233,6 +237,9 @@ impl QueryArgs {
     fn apply(&self, cfg: &mut Config) {
         if let Some(v) = self.query_max_memory_bytes {
             cfg.query.max_memory_bytes = v;
+        }
+        if let Some(v) = self.query_memory_pool_bytes {
+            cfg.query.memory_pool_bytes = v;
         }
         if let Some(v) = self.query_timeout {
             cfg.query.timeout = v;
@@ -330,6 +337,10 @@ enum Command {
         /// stream).
         #[arg(long, default_value = "table", env = "LEASELINE_SQL_FORMAT")]
         format: Format,
+        /// Print at most this many rows, the first ones (as a `LIMIT`
+        /// around the query would).
+        #[arg(long, env = "LEASELINE_SQL_MAX_ROWS")]
+        max_rows: Option<usize>,
     },
     /// Audit the lake (or NDJSON files) and print every safety violation.
     ///
@@ -558,14 +569,22 @@ async fn run(
             limits,
             query,
             format,
+            max_rows,
         } => {
             audit.apply(&mut cfg);
             limits.apply(&mut cfg);
             let engine = QueryEngine::with_audit_config(lake.open_existing(&cfg).await?, cfg.audit)
                 .with_limits(cfg.query);
-            let result = engine.query(&query).await?;
+            // Rows are printed as they come, so a large result needs no
+            // more memory than a few batches (the table format excepted:
+            // its column widths depend on every row).
+            let mut result = engine.stream(&query, max_rows).await?;
+            let mut enc = output::Encoder::new(format, result.schema.clone())?;
             let mut out = terminal::stdout();
-            output::write(format, &result.schema, &result.batches, &mut out)?;
+            while let Some(batch) = result.rows.next().await {
+                out.write_all(&enc.write(&batch?)?)?;
+            }
+            out.write_all(&enc.finish()?)?;
             out.flush()?;
             Ok(ExitCode::SUCCESS)
         }

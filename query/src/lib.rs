@@ -28,7 +28,9 @@ use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use futures::TryStreamExt;
 use leaseline_audit::AuditConfig;
 use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, PendingRows, PendingSnapshot, Table};
 use leaseline_schema::ReadError;
@@ -42,6 +44,7 @@ pub mod depth;
 pub mod executor;
 mod files;
 mod limits;
+pub mod memory;
 pub mod output;
 
 pub use crate::audit::{AuditCache, AuditTables, AuditView};
@@ -177,6 +180,21 @@ pub struct QueryResult {
     pub batches: Vec<RecordBatch>,
 }
 
+/// A result read as it is computed: see [`QueryEngine::stream`].
+pub struct QueryStream {
+    pub schema: arrow::datatypes::SchemaRef,
+    pub rows: futures::stream::BoxStream<'static, Result<RecordBatch>>,
+}
+
+/// What a [`QueryStream`] holds while rows remain.
+struct Streaming {
+    engine: QueryEngine,
+    rx: Option<tokio::sync::mpsc::Receiver<Result<RecordBatch>>>,
+    /// Dropping it aborts the query.
+    work: tokio_util::task::AbortOnDropHandle<()>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
 /// Runs read-only SQL over the lake.
 #[derive(Debug, Clone)]
 pub struct QueryEngine {
@@ -187,6 +205,8 @@ pub struct QueryEngine {
     pending: Option<PendingRows>,
     /// Places for queries running at once, shared by every surface.
     admission: Arc<tokio::sync::Semaphore>,
+    /// The memory every query of the process reserves from.
+    pool: Arc<dyn MemoryPool>,
 }
 
 impl QueryEngine {
@@ -204,6 +224,7 @@ impl QueryEngine {
             admission: Arc::new(tokio::sync::Semaphore::new(
                 QueryLimits::default().max_concurrent.max(1),
             )),
+            pool: memory::process_pool(&QueryLimits::default()),
         }
     }
 
@@ -236,6 +257,7 @@ impl QueryEngine {
     pub fn with_limits(mut self, limits: QueryLimits) -> Self {
         self.limits = limits;
         self.admission = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent.max(1)));
+        self.pool = memory::process_pool(&limits);
         self
     }
 
@@ -340,16 +362,19 @@ impl QueryEngine {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_default_catalog_and_schema("leaseline", "public");
-        // A runtime per session, so the memory limit is per query. Spilling
-        // is off: a read-only service writes no temporary files, and a
-        // query over its budget fails clearly instead of filling a disk.
+        // A runtime per session, so the memory limit is per query, drawing
+        // on the process's pool. Spilling is off: a read-only service
+        // writes no temporary files, and a query over its budget fails
+        // clearly instead of filling a disk.
+        let pool = memory::QueryPool::shared(self.pool.clone(), &self.limits);
         let runtime = RuntimeEnvBuilder::new()
-            .with_memory_limit(self.limits.max_memory_bytes.as_u64() as usize, 1.0)
+            .with_memory_pool(pool.clone())
             .with_disk_manager_builder(
                 DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
             )
             .build_arc()?;
         let ctx = SessionContext::new_with_config_rt(config, runtime);
+        memory::bounded::install(&ctx, &pool);
         let store = self.lake.store();
         // A local lake's store is rooted at the lake directory, while
         // DataFusion resolves file:// URLs from the file system root with
@@ -434,19 +459,108 @@ impl QueryEngine {
 
     /// Like [`QueryEngine::sql`], with the result's schema (which an empty
     /// result still has).
-    #[tracing::instrument(name = "sql.query", skip_all, fields(sql = %query))]
     pub async fn query(&self, query: &str) -> Result<QueryResult> {
+        let stream = self.stream(query, None).await?;
+        let schema = stream.schema.clone();
+        let batches = stream.rows.try_collect().await?;
+        Ok(QueryResult { schema, batches })
+    }
+
+    /// Runs one read-only statement under the engine's limits; its rows
+    /// are computed while they are read, a few batches ahead of the
+    /// reader. `max_rows` keeps the first rows only, as a `LIMIT` around
+    /// the query would.
+    ///
+    /// Errors before the first row (a bad query, a damaged lake, the
+    /// memory limit reached at once) are this call's; later ones end the
+    /// stream. The query's place among the running ones and its timeout
+    /// last until the last row is read or the stream is dropped: a reader
+    /// that stops reading is cut off at the timeout, and dropping the
+    /// stream stops the query.
+    #[tracing::instrument(name = "sql.query", skip_all, fields(sql = %query))]
+    pub async fn stream(&self, query: &str, max_rows: Option<usize>) -> Result<QueryStream> {
+        use futures::StreamExt;
+
+        let permit = self.admit().await?;
+        let limit = self.limits.timeout;
+        let deadline = tokio::time::Instant::now() + limit;
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        // Two batches ahead: enough to keep the plan busy while one is
+        // sent, and the most a slow reader makes the server hold.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
         let engine = self.clone();
         let query = query.to_string();
-        self.with_timeout(async move {
-            depth::check(&query).map_err(|_| QueryError::TooComplex)?;
-            let ctx = engine.session().await?;
-            let df = ctx.sql_with_options(&query, read_only_options()).await?;
-            let schema = Arc::new(df.schema().as_arrow().clone());
-            let batches = df.collect().await?;
-            Ok(QueryResult { schema, batches })
+        let work = executor::spawn(async move {
+            let started = async {
+                depth::check(&query).map_err(|_| QueryError::TooComplex)?;
+                let ctx = engine.session().await?;
+                let mut df = ctx.sql_with_options(&query, read_only_options()).await?;
+                if let Some(n) = max_rows {
+                    df = df.limit(0, Some(n))?;
+                }
+                let schema = Arc::new(df.schema().as_arrow().clone());
+                let mut rows = df.execute_stream().await?;
+                let first = rows.next().await.transpose()?;
+                Ok::<_, QueryError>((schema, first, rows))
+            };
+            match started.await {
+                Err(e) => {
+                    let _ = first_tx.send(Err(e));
+                }
+                Ok((schema, first, mut rows)) => {
+                    let more = first.is_some();
+                    if first_tx.send(Ok((schema, first))).is_err() || !more {
+                        return;
+                    }
+                    while let Some(batch) = rows.next().await {
+                        let failed = batch.is_err();
+                        if tx.send(batch.map_err(QueryError::from)).await.is_err() || failed {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let (schema, first) = match tokio::time::timeout_at(deadline, first_rx).await {
+            Err(_) => return Err(QueryError::Timeout(limit)),
+            Ok(Err(_)) => {
+                // The task ended without a word: it panicked.
+                return Err(match work.await {
+                    Err(join) => QueryError::Aborted(join.to_string()),
+                    Ok(()) => QueryError::Aborted("the query ended without an answer".into()),
+                });
+            }
+            Ok(Ok(Err(e))) => return Err(self.diagnose(e).await),
+            Ok(Ok(Ok(started))) => started,
+        };
+        let state = Streaming {
+            engine: self.clone(),
+            rx: first.is_some().then_some(rx),
+            work,
+            _permit: permit,
+        };
+        let head = futures::stream::iter(first.map(Ok));
+        let tail = futures::stream::unfold(Some(state), move |state| async move {
+            let mut st = state?;
+            let rx = st.rx.as_mut()?;
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => Some((Err(QueryError::Timeout(limit)), None)),
+                Ok(None) => match (&mut st.work).await {
+                    // The task ended early: it panicked.
+                    Err(join) => Some((Err(QueryError::Aborted(join.to_string())), None)),
+                    Ok(()) => None,
+                },
+                Ok(Some(Ok(batch))) => Some((Ok(batch), Some(st))),
+                Ok(Some(Err(e))) => {
+                    let e = st.engine.diagnose(e).await;
+                    Some((Err(e), None))
+                }
+            }
+        });
+        Ok(QueryStream {
+            schema,
+            rows: head.chain(tail).boxed(),
         })
-        .await
     }
 
     /// Runs `work` on the query runtime (see [`executor`]) under the

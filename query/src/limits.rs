@@ -11,9 +11,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueryLimits {
-    /// Memory the query's operators may hold at once (sorts, joins,
-    /// aggregations), e.g. `"1GiB"`. Nothing spills to disk. Default 1 GiB.
+    /// Memory one query may hold at once (sorts, joins, aggregations, and
+    /// values built by functions such as `repeat` or `range`), e.g.
+    /// `"1GiB"`. Nothing spills to disk. Default 1 GiB.
     pub max_memory_bytes: ByteSize,
+    /// Memory every query of the process together may hold at once, every
+    /// surface included; see [`crate::memory`]. Default 2 GiB.
+    pub memory_pool_bytes: ByteSize,
     /// How long a query may run, planning included (`"30s"`). Default 30 s.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -30,6 +34,7 @@ impl Default for QueryLimits {
     fn default() -> Self {
         QueryLimits {
             max_memory_bytes: ByteSize::gib(1),
+            memory_pool_bytes: ByteSize::gib(2),
             timeout: Duration::from_secs(30),
             max_concurrent: 8,
             queue_timeout: Duration::from_secs(10),

@@ -86,53 +86,144 @@ pub fn write(
     batches: &[RecordBatch],
     out: &mut dyn Write,
 ) -> Result<(), ArrowError> {
-    match format {
-        Format::Table => {
-            // With no batches the table would have no header either; an
-            // empty batch of the schema keeps the column names, as psql
-            // shows them for an empty result.
-            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-            let empty = [RecordBatch::new_empty(schema.clone())];
-            let shown = if rows == 0 { &empty[..] } else { batches };
-            let table = arrow::util::pretty::pretty_format_batches(shown)?;
-            writeln!(out, "{table}")?;
-            writeln!(out, "({rows} {})", if rows == 1 { "row" } else { "rows" })?;
-        }
-        Format::Csv => {
-            if batches.is_empty() {
-                let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-                writeln!(out, "{}", names.join(","))?;
-            }
-            let mut w = arrow::csv::WriterBuilder::new()
-                .with_header(true)
-                .build(out);
-            for b in batches {
-                w.write(b)?;
-            }
-        }
-        Format::Json => {
-            let mut w = arrow::json::ArrayWriter::new(&mut *out);
-            for b in batches {
-                w.write(b)?;
-            }
-            // Prints `[]` for no rows.
-            w.finish()?;
-            writeln!(out)?;
-        }
-        Format::Ndjson => {
-            let mut w = arrow::json::LineDelimitedWriter::new(&mut *out);
-            for b in batches {
-                w.write(b)?;
-            }
-            w.finish()?;
-        }
-        Format::ArrowIpc => {
-            let mut w = arrow::ipc::writer::StreamWriter::try_new(out, schema)?;
-            for b in batches {
-                w.write(b)?;
-            }
-            w.finish()?;
-        }
+    let mut enc = Encoder::new(format, schema.clone())?;
+    for b in batches {
+        out.write_all(&enc.write(b)?)?;
     }
+    out.write_all(&enc.finish()?)?;
     Ok(())
+}
+
+/// A result encoded batch by batch, so that it can be sent while it is
+/// computed: each call returns the bytes that are ready. Every format but
+/// [`Format::Table`] (whose column widths depend on all rows) holds no
+/// more than the batch at hand.
+pub struct Encoder {
+    schema: SchemaRef,
+    buf: SharedBuf,
+    kind: Kind,
+    rows: usize,
+}
+
+enum Kind {
+    Table(Vec<RecordBatch>),
+    Csv(Box<arrow::csv::Writer<SharedBuf>>),
+    Json(arrow::json::ArrayWriter<SharedBuf>),
+    Ndjson(arrow::json::LineDelimitedWriter<SharedBuf>),
+    ArrowIpc(arrow::ipc::writer::StreamWriter<SharedBuf>),
+}
+
+/// The writers' output, taken after each call.
+#[derive(Clone, Default)]
+struct SharedBuf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl SharedBuf {
+    fn take(&self) -> Vec<u8> {
+        std::mem::take(&mut *self.0.lock().expect("an encoder is used by one thread"))
+    }
+}
+
+impl Write for SharedBuf {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .expect("an encoder is used by one thread")
+            .extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Encoder {
+    pub fn new(format: Format, schema: SchemaRef) -> Result<Encoder, ArrowError> {
+        let buf = SharedBuf::default();
+        let kind = match format {
+            Format::Table => Kind::Table(Vec::new()),
+            Format::Csv => Kind::Csv(Box::new(
+                arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(buf.clone()),
+            )),
+            Format::Json => Kind::Json(arrow::json::ArrayWriter::new(buf.clone())),
+            Format::Ndjson => Kind::Ndjson(arrow::json::LineDelimitedWriter::new(buf.clone())),
+            Format::ArrowIpc => Kind::ArrowIpc(arrow::ipc::writer::StreamWriter::try_new(
+                buf.clone(),
+                &schema,
+            )?),
+        };
+        Ok(Encoder {
+            schema,
+            buf,
+            kind,
+            rows: 0,
+        })
+    }
+
+    /// Rows encoded so far.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Encodes one batch; returns the bytes ready to send.
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<Vec<u8>, ArrowError> {
+        if batch.num_rows() == 0 {
+            return Ok(self.buf.take());
+        }
+        self.rows += batch.num_rows();
+        match &mut self.kind {
+            Kind::Table(batches) => batches.push(batch.clone()),
+            Kind::Csv(w) => w.write(batch)?,
+            Kind::Json(w) => w.write(batch)?,
+            Kind::Ndjson(w) => w.write(batch)?,
+            Kind::ArrowIpc(w) => w.write(batch)?,
+        }
+        Ok(self.buf.take())
+    }
+
+    /// Ends the result; returns the last bytes.
+    pub fn finish(self) -> Result<Vec<u8>, ArrowError> {
+        let mut out = self.buf.take();
+        match self.kind {
+            Kind::Table(batches) => {
+                // With no batches the table would have no header either;
+                // an empty batch of the schema keeps the column names, as
+                // psql shows them for an empty result.
+                let rows = self.rows;
+                let empty = [RecordBatch::new_empty(self.schema.clone())];
+                let shown = if rows == 0 { &empty[..] } else { &batches[..] };
+                let table = arrow::util::pretty::pretty_format_batches(shown)?;
+                writeln!(out, "{table}")?;
+                writeln!(out, "({rows} {})", if rows == 1 { "row" } else { "rows" })?;
+            }
+            Kind::Csv(_) => {
+                if self.rows == 0 {
+                    let names: Vec<&str> = self
+                        .schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect();
+                    writeln!(out, "{}", names.join(","))?;
+                }
+            }
+            Kind::Json(mut w) => {
+                // Writes `[]` for no rows.
+                w.finish()?;
+                out.extend(self.buf.take());
+                writeln!(out)?;
+            }
+            Kind::Ndjson(mut w) => {
+                w.finish()?;
+                out.extend(self.buf.take());
+            }
+            Kind::ArrowIpc(mut w) => {
+                w.finish()?;
+                out.extend(self.buf.take());
+            }
+        }
+        Ok(out)
+    }
 }

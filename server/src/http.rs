@@ -131,22 +131,34 @@ async fn health(State(s): State<AppState>) -> Response {
 #[serde(deny_unknown_fields)]
 struct SqlBody {
     query: String,
+    max_rows: Option<usize>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SqlParams {
+    /// At most this many rows, the first ones (as a `LIMIT` would).
+    max_rows: Option<usize>,
 }
 
 async fn sql(
     State(s): State<AppState>,
+    params: Result<Query<SqlParams>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ServerError> {
+    let Query(params) = params.map_err(|e| ServerError::BadRequest(e.body_text()))?;
+    let mut max_rows = params.max_rows;
     let format = negotiate(&headers)?;
     let json_body = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| media_type(v) == "application/json");
     let query = if json_body {
-        serde_json::from_slice::<SqlBody>(&body)
-            .map_err(|e| ServerError::BadRequest(format!("request body: {e}")))?
-            .query
+        let body = serde_json::from_slice::<SqlBody>(&body)
+            .map_err(|e| ServerError::BadRequest(format!("request body: {e}")))?;
+        max_rows = max_rows.or(body.max_rows);
+        body.query
     } else {
         String::from_utf8(body.to_vec())
             .map_err(|_| ServerError::BadRequest("the query is not UTF-8".into()))?
@@ -154,8 +166,50 @@ async fn sql(
     if query.trim().is_empty() {
         return Err(ServerError::BadRequest("empty query".into()));
     }
-    let result = s.engine.query(&query).await?;
-    respond(format, &result)
+    let result = s.engine.stream(&query, max_rows).await?;
+    stream_response(format, result)
+}
+
+/// The rows as they are computed. An error after the first bytes can no
+/// longer change the status: it is logged and the connection is cut
+/// before the end of the body (a chunked body without its last chunk), so
+/// that no client takes a cut answer for a whole one.
+fn stream_response(
+    format: Format,
+    result: leaseline_query::QueryStream,
+) -> Result<Response, ServerError> {
+    use futures::StreamExt;
+
+    let enc = output::Encoder::new(format, result.schema.clone())
+        .map_err(|e| ServerError::Io(std::io::Error::other(e)))?;
+    let body = futures::stream::unfold(
+        (Some(enc), result.rows),
+        |(enc, mut rows)| async move {
+            let mut enc = enc?;
+            let chunk = match rows.next().await {
+                Some(Ok(batch)) => enc.write(&batch).map_err(std::io::Error::other),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, rows = enc.rows(), "query failed while its rows were sent; the response is cut short");
+                    return Some((Err(std::io::Error::other(e)), (None, rows)));
+                }
+                None => {
+                    let last = enc.finish().map_err(std::io::Error::other);
+                    return Some((last.map(Bytes::from), (None, rows)));
+                }
+            };
+            match chunk {
+                Ok(bytes) => Some((Ok(Bytes::from(bytes)), (Some(enc), rows))),
+                Err(e) => Some((Err(e), (None, rows))),
+            }
+        },
+    )
+    .filter(|chunk| std::future::ready(!matches!(chunk, Ok(b) if b.is_empty())));
+    let mut resp = (StatusCode::OK, axum::body::Body::from_stream(body)).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(format.content_type()),
+    );
+    Ok(resp)
 }
 
 #[derive(Deserialize, Default)]
