@@ -1256,3 +1256,39 @@ fn every_dashboard_asks_for_its_data_sources_on_import_and_finds_the_provisioned
         }
     }
 }
+
+/// The end of a file closes the lateness window: a violation in the last
+/// seconds of a history alerts like any other (the history's last event is
+/// itself a violation here, a token that went backwards).
+#[test]
+fn check_of_a_file_alerts_the_violations_at_its_very_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = write_unsafe(dir.path());
+    let lake = dir.path().join("checked");
+    let out = leaseline()
+        .args(["check", "--format", "ndjson", "--lake"])
+        .arg(&lake)
+        .arg(&events)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let kinds: BTreeSet<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["lease_id"].is_string() && v["kind"].is_string())
+        .map(|v| v["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert!(kinds.contains("token_regression"), "{kinds:?}");
+    let alerted: BTreeSet<String> = sql(
+        &lake,
+        "SELECT DISTINCT kind FROM lease_alerts \
+         WHERE alertname = 'LeaseSafetyViolation' AND state = 'firing'",
+        "csv",
+    )
+    .lines()
+    .skip(1)
+    .map(str::to_string)
+    .collect();
+    assert_eq!(alerted, kinds);
+}

@@ -558,13 +558,17 @@ impl AlertEngine {
         }
     }
 
-    /// Everything in: moves the watermark to the newest event time minus the
-    /// lateness, as a replay of stored history does.
+    /// The end of the input (a file, a replay of stored history): nothing
+    /// can arrive late any more, so the lateness window closes. The
+    /// watermark moves to the newest event time (plus the clock-skew
+    /// tolerance, which a violation waits out): every violation the
+    /// history holds fires, and every step boundary up to its end is
+    /// evaluated. Alerts still active at the end stay active, as they
+    /// were when the history ended.
     pub fn finish_replay(&mut self) {
-        if let Some(w) = self.event_watermark() {
-            self.advance(w);
-        } else {
-            self.take_violations();
+        match self.max_ts {
+            Some(t) => self.advance(t.saturating_add(self.skew_us)),
+            None => self.take_violations(),
         }
     }
 

@@ -4,9 +4,14 @@
 //! delays nobody else. The outbox holds the newest update of each alert
 //! (an update replaces the one before it for the same alert), so a receiver
 //! that comes back after an outage gets the current state of every alert
-//! that changed meanwhile: delayed, none lost. Only when the outbox holds
-//! `queue_capacity` distinct alerts is the oldest update dropped, counted
-//! in `leaseline_alert_queue_overflow_total` and logged.
+//! that changed meanwhile: delayed, none lost. One exception: a firing
+//! update not yet delivered is never replaced by its own resolution. The
+//! resolution waits behind it and goes in a later request, so an alert that
+//! resolved before it could be sent (a late event, a backlog read at once,
+//! a receiver outage) still reaches the receiver as firing once, never as
+//! resolved only. Only when the outbox holds `queue_capacity` distinct
+//! updates is the oldest dropped, counted in
+//! `leaseline_alert_queue_overflow_total` and logged.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,31 +28,34 @@ use crate::metrics::LeaseMetrics;
 
 const MAX_BATCH: usize = 500;
 
+/// The outbox key of a resolution queued behind its undelivered firing.
+const RESOLVED_AFTER: &str = "#resolved-after-firing";
+
 fn rfc3339(us: i64) -> String {
     DateTime::<Utc>::from_timestamp_micros(us)
         .unwrap_or_default()
         .to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// One queued update: whether it says firing, and what is sent.
+type Update = (bool, Value);
+
 struct Outbox {
     cfg: ReceiverConfig,
     capacity: usize,
-    queue: Mutex<IndexMap<String, Value>>,
+    queue: Mutex<IndexMap<String, Update>>,
     wake: Notify,
     metrics: Option<LeaseMetrics>,
 }
 
 impl Outbox {
-    fn lock(&self) -> std::sync::MutexGuard<'_, IndexMap<String, Value>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, IndexMap<String, Update>> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn put(&self, fingerprint: String, payload: Value) {
+    fn put(&self, fingerprint: String, firing: bool, payload: Value) {
         let mut q = self.lock();
-        // Re-inserting moves the alert to the back: updates go out in the
-        // order they were made.
-        q.shift_remove(&fingerprint);
-        q.insert(fingerprint, payload);
+        queue_update(&mut q, fingerprint, firing, payload);
         while q.len() > self.capacity {
             if let Some((dropped, _)) = q.shift_remove_index(0) {
                 warn!(receiver = self.cfg.name(), alert = %dropped, "alert queue full: dropped the oldest update");
@@ -118,7 +126,7 @@ impl Notifier {
                     ReceiverConfig::Alertmanager { .. } => self.alertmanager_alert(a, now_us),
                     ReceiverConfig::Webhook { .. } => self.webhook_alert(a, &fp, now_us),
                 };
-                o.put(fp.clone(), payload);
+                o.put(fp.clone(), a.state == AlertState::Firing, payload);
             }
         }
     }
@@ -193,18 +201,48 @@ impl Notifier {
     }
 }
 
+/// Queues one update of the alert `fingerprint` (see the module docs).
+fn queue_update(
+    q: &mut IndexMap<String, Update>,
+    fingerprint: String,
+    firing: bool,
+    payload: Value,
+) {
+    let behind = format!("{fingerprint}{RESOLVED_AFTER}");
+    let key = if firing {
+        // Firing again: the queued resolution is out of date.
+        q.shift_remove(&behind);
+        fingerprint
+    } else if q.get(&fingerprint).is_some_and(|(f, _)| *f) || q.contains_key(&behind) {
+        behind
+    } else {
+        fingerprint
+    };
+    // Re-inserting moves the alert to the back: updates go out in the
+    // order they were made.
+    q.shift_remove(&key);
+    q.insert(key, (firing, payload));
+}
+
+/// The updates of the next request, oldest first; a resolution waits
+/// until its firing has gone out.
+fn next_batch(q: &IndexMap<String, Update>) -> Vec<(String, Update)> {
+    q.iter()
+        .filter(|(k, _)| {
+            k.strip_suffix(RESOLVED_AFTER)
+                .is_none_or(|fp| !q.contains_key(fp))
+        })
+        .take(MAX_BATCH)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 async fn deliver(outbox: Arc<Outbox>, client: reqwest::Client) {
     let name = outbox.cfg.name().to_string();
     let mut backoff = Duration::from_millis(100);
     let mut failures = 0u64;
     loop {
-        let batch: Vec<(String, Value)> = {
-            let q = outbox.lock();
-            q.iter()
-                .take(MAX_BATCH)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        };
+        let batch = next_batch(&outbox.lock());
         if batch.is_empty() {
             outbox.wake.notified().await;
             continue;
@@ -219,11 +257,11 @@ async fn deliver(outbox: Arc<Outbox>, client: reqwest::Client) {
                     .ok();
                 (
                     u,
-                    Value::Array(batch.iter().map(|(_, v)| v.clone()).collect()),
+                    Value::Array(batch.iter().map(|(_, (_, v))| v.clone()).collect()),
                 )
             }
             ReceiverConfig::Webhook { url, .. } => {
-                let alerts: Vec<Value> = batch.iter().map(|(_, v)| v.clone()).collect();
+                let alerts: Vec<Value> = batch.iter().map(|(_, (_, v))| v.clone()).collect();
                 let firing = alerts.iter().any(|a| a["status"] == "firing");
                 (
                     url.clone(),
@@ -278,5 +316,41 @@ async fn deliver(outbox: Arc<Outbox>, client: reqwest::Client) {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(10));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(b: &[(String, Update)]) -> Vec<(&str, bool)> {
+        b.iter().map(|(k, (f, _))| (k.as_str(), *f)).collect()
+    }
+
+    #[test]
+    fn a_firing_not_yet_sent_is_never_replaced_by_its_resolution() {
+        let mut q = IndexMap::new();
+        queue_update(&mut q, "a".into(), true, json!(1));
+        queue_update(&mut q, "a".into(), false, json!(2));
+        queue_update(&mut q, "b".into(), false, json!(3));
+        // The firing goes first, alone for its alert.
+        let first = next_batch(&q);
+        assert_eq!(keys(&first), vec![("a", true), ("b", false)]);
+        for (k, _) in &first {
+            q.shift_remove(k);
+        }
+        // Then its resolution.
+        let second = next_batch(&q);
+        assert_eq!(keys(&second), vec![("a#resolved-after-firing", false)]);
+        // A later resolution replaces the queued one; firing again drops it.
+        queue_update(&mut q, "a".into(), false, json!(4));
+        assert_eq!(q.len(), 1);
+        assert_eq!(q["a#resolved-after-firing"].1, json!(4));
+        queue_update(&mut q, "a".into(), true, json!(5));
+        assert_eq!(keys(&next_batch(&q)), vec![("a", true)]);
+        // An update of a firing alert still replaces it.
+        queue_update(&mut q, "a".into(), true, json!(6));
+        assert_eq!(q.len(), 1);
+        assert_eq!(q["a"].1, json!(6));
     }
 }
