@@ -40,6 +40,11 @@ pub struct AlertsConfig {
     /// minus this) has passed them. Default 30 s.
     #[serde(with = "humantime_serde")]
     pub lateness: Duration,
+    /// How long an input partition that has nothing left to read and
+    /// brings no event may hold the watermark back (see [`crate::clock`]).
+    /// Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub partition_idle_timeout: Duration,
     /// The step at which windowed rules (latency, renewal failures, token
     /// churn) are evaluated, in event time. Windows are whole steps.
     /// Default 10 s.
@@ -68,6 +73,7 @@ impl Default for AlertsConfig {
     fn default() -> Self {
         AlertsConfig {
             lateness: Duration::from_secs(30),
+            partition_idle_timeout: Duration::from_secs(10),
             evaluation_interval: Duration::from_secs(10),
             resend_interval: Duration::from_secs(60),
             external_url: None,

@@ -2,8 +2,10 @@
 //!
 //! Events go in with [`AlertEngine::push`] in any order; time moves with
 //! [`AlertEngine::advance`], which takes a watermark: the event time below
-//! which everything is taken to have arrived (the newest event time, or the
-//! wall clock, minus the configured lateness). What comes out are state
+//! which everything is taken to have arrived (in a running service, the
+//! slowest input partition's newest event time minus the configured
+//! lateness, see [`crate::clock`]; at the end of a file, its last event
+//! time). What comes out are state
 //! changes ([`Alert`]s), taken with [`AlertEngine::take_changes`].
 //!
 //! Three kinds of rule:
@@ -169,6 +171,13 @@ impl AlertEngine {
         self.watermark
     }
 
+    /// Counts a lease whose events came from more than one input partition.
+    pub fn count_lease_on_several_partitions(&self) {
+        if let Some(m) = &self.metrics {
+            m.leases_on_several_partitions.inc();
+        }
+    }
+
     /// Events that arrived below the watermark.
     pub fn late_events(&self) -> u64 {
         self.late_events
@@ -176,20 +185,6 @@ impl AlertEngine {
 
     fn lateness(&self) -> i64 {
         micros(self.cfg.lateness)
-    }
-
-    /// The watermark that the newest event time alone allows.
-    pub fn event_watermark(&self) -> Option<i64> {
-        self.max_ts.map(|t| t.saturating_sub(self.lateness()))
-    }
-
-    /// The watermark that the wall clock `now_us` allows as well: with live
-    /// traffic, time moves on even when no events come.
-    pub fn live_watermark(&self, now_us: i64) -> i64 {
-        self.max_ts
-            .unwrap_or(i64::MIN)
-            .max(now_us)
-            .saturating_sub(self.lateness())
     }
 
     fn intern(&mut self, s: &str) -> Name {

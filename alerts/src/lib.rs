@@ -17,6 +17,7 @@
 //! running service) and [`live::replay`] (the engine over old data).
 
 mod alert;
+pub mod clock;
 mod config;
 mod engine;
 mod error;

@@ -1,7 +1,10 @@
 //! The engine in a running service: events in from ingest, alerts out to
-//! the console, the receivers and the history table, time moved by the wall
-//! clock as well as by the events.
+//! the console, the receivers and the history table, time moved by the
+//! events of every input partition, and by the wall clock only when no
+//! partition has anything waiting (see [`crate::clock`]).
 
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leaseline_lake::Lake;
@@ -10,6 +13,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{error, info, warn};
 
 use crate::alert::{Alert, AlertState};
+use crate::clock::{EventClock, PartitionKey};
 use crate::engine::AlertEngine;
 use crate::history::AlertHistory;
 use crate::notify::Notifier;
@@ -35,6 +39,52 @@ pub fn log_change(a: &Alert) {
     }
 }
 
+/// What the live engine reads from ingest, in order.
+// Events are nearly all of the traffic: boxing them to shrink the rare
+// partition notices would cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum LiveInput {
+    /// An event and the input partition it was read from.
+    Event(LeaseEvent<'static>, PartitionKey),
+    Assigned(PartitionKey),
+    Revoked(PartitionKey),
+    /// Nothing of the partition is waiting to be read.
+    CaughtUp(PartitionKey),
+}
+
+/// Which input partition each lease's events come from, to tell producers
+/// that do not key by `lease_id`: correctness does not depend on it (the
+/// watermark waits for the slowest partition), but their alerts wait.
+#[derive(Default)]
+struct Keying {
+    partition_of: HashMap<Arc<str>, PartitionKey>,
+    warned: HashSet<Arc<str>>,
+}
+
+impl Keying {
+    fn see(&mut self, lease: &str, p: &PartitionKey, engine: &AlertEngine) {
+        match self.partition_of.get(lease) {
+            None => {
+                self.partition_of.insert(Arc::from(lease), p.clone());
+            }
+            Some(first) if first == p || self.warned.contains(lease) => {}
+            Some(first) => {
+                warn!(
+                    lease_id = lease,
+                    first_topic = %first.0,
+                    first_partition = first.1,
+                    topic = %p.0,
+                    partition = p.1,
+                    "events of one lease came from two input partitions: the producer does not key messages by lease_id (the contract asks it to); alerts are right but wait for the slowest partition"
+                );
+                self.warned.insert(Arc::from(lease));
+                engine.count_lease_on_several_partitions();
+            }
+        }
+    }
+}
+
 /// Runs until `events` closes (ingest stopped): pushes events, advances the
 /// watermark on every batch and every 100 ms, logs and delivers changes,
 /// re-sends firing alerts every resend interval, writes the history every
@@ -42,10 +92,15 @@ pub fn log_change(a: &Alert) {
 /// receivers a few seconds to take what is queued.
 pub async fn run(
     mut engine: AlertEngine,
-    mut events: UnboundedReceiver<LeaseEvent<'static>>,
+    mut events: UnboundedReceiver<LiveInput>,
     notifier: Notifier,
     lake: Lake,
 ) {
+    let mut clock = EventClock::new(
+        engine.config().lateness,
+        engine.config().partition_idle_timeout,
+    );
+    let mut keying = Keying::default();
     let mut history = AlertHistory::new();
     let resend = engine.config().resend_interval;
     let mut last_resend = Instant::now();
@@ -55,14 +110,15 @@ pub async fn run(
     let mut open = true;
     while open {
         tokio::select! {
-            ev = events.recv() => match ev {
-                Some(ev) => {
-                    engine.push(&ev);
+            input = events.recv() => match input {
+                Some(input) => {
+                    let now = now_us();
+                    take(input, &mut engine, &mut clock, &mut keying, now);
                     // Take what else is waiting, so a burst costs one
                     // evaluation, not one per event.
                     for _ in 0..65_536 {
                         match events.try_recv() {
-                            Ok(ev) => { engine.push(&ev); }
+                            Ok(input) => take(input, &mut engine, &mut clock, &mut keying, now),
                             Err(_) => break,
                         }
                     }
@@ -71,7 +127,9 @@ pub async fn run(
             },
             _ = tick.tick() => {}
         }
-        engine.advance(engine.live_watermark(now_us()));
+        // Without a watermark (nothing assigned, or a partition not read
+        // yet), time stands; violations found meanwhile stay pending.
+        engine.advance(clock.watermark(now_us()).unwrap_or(i64::MIN));
         let changes = engine.take_changes();
         if !changes.is_empty() {
             for a in &changes {
@@ -101,6 +159,25 @@ pub async fn run(
     }
     notifier.shutdown(DRAIN_TIMEOUT).await;
     info!("alert engine stopped");
+}
+
+fn take(
+    input: LiveInput,
+    engine: &mut AlertEngine,
+    clock: &mut EventClock,
+    keying: &mut Keying,
+    now: i64,
+) {
+    match input {
+        LiveInput::Event(ev, p) => {
+            keying.see(&ev.lease_id, &p, engine);
+            clock.event(p, ev.ts_us, now);
+            engine.push(&ev);
+        }
+        LiveInput::Assigned(p) => clock.assigned(p, now),
+        LiveInput::Revoked(p) => clock.revoked(&p),
+        LiveInput::CaughtUp(p) => clock.caught_up(&p),
+    }
 }
 
 /// Runs stored history through a fresh engine and returns every state

@@ -66,6 +66,7 @@ pub struct LeaseMetrics {
     pub(crate) violations: Family<Labels, Counter>,
     pub(crate) alerts_firing: Family<Labels, Gauge>,
     pub(crate) late_events: Counter,
+    pub(crate) leases_on_several_partitions: Counter,
     pub(crate) duplicate_events: Counter,
     pub(crate) deliveries: Family<Labels, Counter>,
     pub(crate) delivery_failures: Family<Labels, Counter>,
@@ -89,6 +90,7 @@ impl LeaseMetrics {
             violations: Family::default(),
             alerts_firing: Family::default(),
             late_events: Counter::default(),
+            leases_on_several_partitions: Counter::default(),
             duplicate_events: Counter::default(),
             deliveries: Family::default(),
             delivery_failures: Family::default(),
@@ -161,6 +163,11 @@ impl LeaseMetrics {
             "leaseline_alert_late_events",
             "Events that arrived later than the lateness bound (alerts may have missed them)",
             self.late_events.clone(),
+        );
+        r.register(
+            "leaseline_leases_on_several_partitions",
+            "Leases whose events came from more than one input partition: their producers do not key messages by lease_id, which only delays their alerts",
+            self.leases_on_several_partitions.clone(),
         );
         r.register(
             "leaseline_alert_duplicate_events",

@@ -6,12 +6,13 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leaseline_alerts::clock::PartitionKey;
+use leaseline_alerts::live::LiveInput;
 use leaseline_alerts::{
     live, Alert, AlertEngine, AlertHistory, AlertState, LeaseMetrics, Notifier, ReceiverConfig,
 };
-use leaseline_ingest::{EventTap, IngestMetrics};
+use leaseline_ingest::{EventTap, IngestMetrics, InputPartition, Tapped};
 use leaseline_lake::Lake;
-use leaseline_schema::LeaseEvent;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -163,7 +164,7 @@ pub fn start_live(
     lake: Lake,
     metrics: LeaseMetrics,
 ) -> (EventTap, tokio::task::JoinHandle<()>) {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<LeaseEvent<'static>>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<LiveInput>();
     let engine = AlertEngine::new(cfg.alerts.clone(), cfg.audit, Some(metrics.clone()));
     let notifier = Notifier::start(
         &cfg.alerts.receivers,
@@ -177,10 +178,29 @@ pub fn start_live(
         "alert engine running"
     );
     let task = tokio::spawn(live::run(engine, rx, notifier, lake));
-    let tap: EventTap = Box::new(move |ev: &LeaseEvent<'_>| {
+    // Topic names are shared by every event of their partition.
+    let mut topics: Vec<Arc<str>> = Vec::new();
+    let mut key = move |p: InputPartition<'_>| -> PartitionKey {
+        let topic = match topics.iter().find(|t| &***t == p.topic) {
+            Some(t) => t.clone(),
+            None => {
+                let t: Arc<str> = Arc::from(p.topic);
+                topics.push(t.clone());
+                t
+            }
+        };
+        (topic, p.partition)
+    };
+    let tap: EventTap = Box::new(move |what: Tapped<'_>| {
+        let input = match what {
+            Tapped::Event(ev, p) => LiveInput::Event(ev.clone().into_owned(), key(p)),
+            Tapped::Assigned(p) => LiveInput::Assigned(key(p)),
+            Tapped::Revoked(p) => LiveInput::Revoked(key(p)),
+            Tapped::CaughtUp(p) => LiveInput::CaughtUp(key(p)),
+        };
         // The receiver only goes away when the engine has stopped, which
         // happens after ingest.
-        let _ = tx.send(ev.clone().into_owned());
+        let _ = tx.send(input);
     });
     (tap, task)
 }
@@ -193,8 +213,12 @@ pub fn replay_tap(cfg: &Config) -> (EventTap, Arc<Mutex<AlertEngine>>) {
         None,
     )));
     let e = engine.clone();
-    let tap: EventTap = Box::new(move |ev: &LeaseEvent<'_>| {
-        e.lock().unwrap_or_else(|p| p.into_inner()).push(ev);
+    // A replay needs no partitions: the end of the input closes the
+    // lateness window (`AlertEngine::finish_replay`).
+    let tap: EventTap = Box::new(move |what: Tapped<'_>| {
+        if let Tapped::Event(ev, _) = what {
+            e.lock().unwrap_or_else(|p| p.into_inner()).push(ev);
+        }
     });
     (tap, engine)
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leaseline_ingest::{FlushPolicy, IngestHooks, LakeWriter};
+use leaseline_ingest::{FlushPolicy, IngestHooks, InputPartition, LakeWriter, Tapped};
 use leaseline_lake::Lake;
 use leaseline_schema::Origin;
 use leaseline_sim::SimConfig;
@@ -75,6 +75,8 @@ pub async fn feed(
         w.publish_to(p);
     }
     w.attach(hooks.tap, hooks.metrics);
+    // The simulator is one input partition, read as its events fall due.
+    w.signal(Tapped::Assigned(InputPartition::FILE));
     let mut next = 0usize;
     let mut last_publish = Instant::now();
     while !stop.load(Ordering::SeqCst) {
@@ -89,6 +91,8 @@ pub async fn feed(
             );
             next += 1;
         }
+        // Every event due has been read: nothing of the input is waiting.
+        w.signal(Tapped::CaughtUp(InputPartition::FILE));
         if last_publish.elapsed() >= Duration::from_millis(100) {
             w.publish();
             last_publish = Instant::now();

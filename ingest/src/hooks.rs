@@ -9,10 +9,40 @@ use std::sync::{Arc, Mutex};
 use leaseline_lake::PendingRows;
 use leaseline_schema::LeaseEvent;
 
-/// Called with every valid, not duplicate event as it is consumed, before
-/// it is flushed. It runs on the consumer's thread, so it must be quick
-/// (hand the event to a channel).
-pub type EventTap = Box<dyn FnMut(&LeaseEvent<'_>) + Send>;
+/// An input partition: a Kafka topic-partition. File input (NDJSON, the
+/// simulator) is one partition, with an empty topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InputPartition<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+}
+
+impl InputPartition<'static> {
+    /// The one partition of file input.
+    pub const FILE: InputPartition<'static> = InputPartition {
+        topic: "",
+        partition: 0,
+    };
+}
+
+/// What ingest tells its tap, in the order it happens.
+#[derive(Debug, Clone, Copy)]
+pub enum Tapped<'a> {
+    /// A valid, not duplicate event, as it is consumed (before it is
+    /// flushed), and the partition it was read from.
+    Event(&'a LeaseEvent<'a>, InputPartition<'a>),
+    /// The partition is now read by this process.
+    Assigned(InputPartition<'a>),
+    /// The partition is no longer read by this process.
+    Revoked(InputPartition<'a>),
+    /// Everything the partition held when ingest last looked has been
+    /// read: nothing of it is waiting.
+    CaughtUp(InputPartition<'a>),
+}
+
+/// Called with what ingest reads (see [`Tapped`]). It runs on the
+/// consumer's thread, so it must be quick (hand the event to a channel).
+pub type EventTap = Box<dyn FnMut(Tapped<'_>) + Send>;
 
 /// Optional attachments of one ingest run.
 #[derive(Default)]

@@ -34,7 +34,7 @@ use leaseline_schema::Origin;
 
 use crate::config::{FlushPolicy, KafkaConfig};
 use crate::error::{IngestError, Result};
-use crate::hooks::{IngestHooks, IngestMetrics};
+use crate::hooks::{IngestHooks, IngestMetrics, InputPartition, Tapped};
 use crate::writer::{LakeWriter, WriterStats};
 
 const POLL_TIMEOUT: Duration = Duration::from_millis(100);
@@ -103,6 +103,28 @@ impl ResumePoints {
 
 impl ClientContext for IngestContext {
     fn stats(&self, statistics: rdkafka::Statistics) {
+        // Which partitions have nothing waiting: the application has read
+        // up to the broker's high watermark (or, having read nothing since
+        // it started there, fetches from it).
+        let mut caught_up = Vec::new();
+        for (topic, t) in &statistics.topics {
+            for (id, p) in &t.partitions {
+                let read = if p.app_offset >= 0 {
+                    p.app_offset
+                } else {
+                    p.next_offset
+                };
+                if *id >= 0 && p.hi_offset >= 0 && read >= p.hi_offset {
+                    caught_up.push((topic.as_str(), *id));
+                }
+            }
+        }
+        if !caught_up.is_empty() {
+            let mut w = self.writer();
+            for (topic, partition) in caught_up {
+                w.signal(Tapped::CaughtUp(InputPartition { topic, partition }));
+            }
+        }
         let Some(m) = &self.metrics else { return };
         let mut lag = m.lag.lock().unwrap_or_else(|p| p.into_inner());
         lag.clear();
@@ -150,6 +172,12 @@ impl ConsumerContext for IngestContext {
                 if let Err(e) = consumer.assign(tpl) {
                     error!(error = %e, "assign failed");
                 }
+                for (topic, partition) in &parts {
+                    w.signal(Tapped::Assigned(InputPartition {
+                        topic,
+                        partition: *partition,
+                    }));
+                }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let mut w = self.writer();
@@ -165,6 +193,12 @@ impl ConsumerContext for IngestContext {
                     }
                 }
                 self.resume.clear();
+                for e in tpl.elements() {
+                    w.signal(Tapped::Revoked(InputPartition {
+                        topic: e.topic(),
+                        partition: e.partition(),
+                    }));
+                }
                 info!(partitions = tpl.count(), "revoked");
                 if let Err(e) = consumer.unassign() {
                     error!(error = %e, "unassign failed");
@@ -249,8 +283,10 @@ pub fn client_config(cfg: &KafkaConfig) -> Result<ClientConfig> {
         // A fetch waits at most this long for new messages (librdkafka's
         // default is 500 ms): events must reach SQL within a second.
         .set("fetch.wait.max.ms", "100")
-        // Per-partition lag for /metrics comes from librdkafka's statistics.
-        .set("statistics.interval.ms", "5000");
+        // Per-partition lag for /metrics, and which partitions are caught
+        // up (the alert watermark's idleness), come from librdkafka's
+        // statistics.
+        .set("statistics.interval.ms", "1000");
     for (k, v) in &cfg.properties {
         c.set(k, v);
     }

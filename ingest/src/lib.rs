@@ -26,5 +26,5 @@ mod writer;
 
 pub use crate::config::{CompactionConfig, FlushPolicy, KafkaConfig};
 pub use crate::error::{IngestError, Result};
-pub use crate::hooks::{EventTap, IngestHooks, IngestMetrics};
+pub use crate::hooks::{EventTap, IngestHooks, IngestMetrics, InputPartition, Tapped};
 pub use crate::writer::{FlushReport, LakeWriter, Pushed, WriterStats};

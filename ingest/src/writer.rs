@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::FlushPolicy;
 use crate::error::Result;
-use crate::hooks::{EventTap, IngestMetrics};
+use crate::hooks::{EventTap, IngestMetrics, InputPartition, Tapped};
 
 /// What happened to one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +183,13 @@ impl LakeWriter {
         self.buffered_rows
     }
 
+    /// Tells the tap, if any, what happened to an input partition.
+    pub fn signal(&mut self, what: Tapped<'_>) {
+        if let Some(tap) = &mut self.tap {
+            tap(what);
+        }
+    }
+
     /// True if the lake already holds this Kafka message.
     pub fn already_committed(&self, topic: &str, partition: i32, offset: i64) -> bool {
         self.manifest
@@ -204,7 +211,16 @@ impl LakeWriter {
                     self.events.append(&ev, &origin, now);
                     self.stats.events += 1;
                     if let Some(tap) = &mut self.tap {
-                        tap(&ev);
+                        let from = match &origin {
+                            Origin::Kafka {
+                                topic, partition, ..
+                            } => InputPartition {
+                                topic,
+                                partition: *partition,
+                            },
+                            Origin::File { .. } => InputPartition::FILE,
+                        };
+                        tap(Tapped::Event(&ev, from));
                     }
                     if let Some(m) = &self.metrics {
                         IngestMetrics::add(&m.events, 1);
