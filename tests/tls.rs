@@ -120,6 +120,19 @@ fn s(p: &Path) -> &str {
 /// The subject of the certificate served on `port` (`postgres`: after an
 /// `SSLRequest`), as `openssl s_client` prints it.
 fn served_subject(port: u16, ca: &Path, postgres: bool) -> String {
+    served_subject_with(
+        port,
+        ca,
+        if postgres {
+            &["-starttls", "postgres"]
+        } else {
+            &[]
+        },
+    )
+}
+
+/// [`served_subject`] with other `s_client` arguments.
+fn served_subject_with(port: u16, ca: &Path, args: &[&str]) -> String {
     let mut cmd = Command::new("openssl");
     cmd.args([
         "s_client",
@@ -130,10 +143,8 @@ fn served_subject(port: u16, ca: &Path, postgres: bool) -> String {
         "-CAfile",
         s(ca),
     ]);
-    if postgres {
-        cmd.args(["-starttls", "postgres"]);
-    }
     let out = cmd
+        .args(args)
         .stdin(std::process::Stdio::null())
         .output()
         .expect("openssl");
@@ -236,6 +247,11 @@ fn both_surfaces_speak_tls_and_refuse_plaintext() {
             text(&info.stderr)
         );
     }
+    // PostgreSQL 17's direct TLS: a handshake at once, naming the protocol.
+    assert_eq!(
+        served_subject_with(port, &ca, &["-alpn", "postgresql"]),
+        "O = first, CN = localhost"
+    );
     // verify-full checks the name.
     let out = psql(
         &format!(
