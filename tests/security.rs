@@ -765,6 +765,7 @@ fn raw_get(base: &str, path: &str) -> (String, Duration) {
 fn http_connections_past_the_cap_get_one_answer_and_health_stays_quick() {
     let dir = tempfile::tempdir().unwrap();
     let lake = lake_with_history(dir.path());
+    let metrics_at = format!("127.0.0.1:{}", free_port());
     let server = Server::start(
         &lake,
         &[
@@ -772,17 +773,21 @@ fn http_connections_past_the_cap_get_one_answer_and_health_stays_quick() {
             "2",
             "--http-header-timeout",
             "60s",
+            "--metrics-listen",
+            &metrics_at,
         ],
         dir.path(),
     );
     let addr = server.http.trim_start_matches("http://").to_string();
-    // Two connections that say nothing hold both places.
-    let held: Vec<std::net::TcpStream> = (0..2)
-        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
-        .collect();
+    // Connections that say nothing hold both places (one more each time
+    // round: the health check's connection may not be closed yet).
+    let mut held: Vec<std::net::TcpStream> = Vec::new();
     let q = "SELECT count(*) AS n FROM lease_events";
     assert!(
-        wait_until(Duration::from_secs(10), || server.sql(q, &[]).status == 503),
+        wait_until(Duration::from_secs(10), || {
+            held.push(std::net::TcpStream::connect(&addr).unwrap());
+            server.sql(q, &[]).status == 503
+        }),
         "a third connection was served:\n{}",
         server.proc.logs()
     );
@@ -808,7 +813,9 @@ fn http_connections_past_the_cap_get_one_answer_and_health_stays_quick() {
         "health took {fastest:?}"
     );
     assert!(server.proc.logs().contains("HTTP connection over the cap"));
-    // PostgreSQL is another surface with places of its own.
+    // The metrics listener and PostgreSQL have places of their own.
+    let scraped = curl(&[&format!("http://{metrics_at}/metrics")]);
+    assert_eq!(scraped.status, 200, "{}", scraped.text());
     let out = psql(server.pg_port, q);
     assert!(out.status.success(), "{}", text(&out.stderr));
     // Closing them frees the places.
