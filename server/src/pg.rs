@@ -195,21 +195,8 @@ pub async fn serve(
                             tracing::info!(%peer, "postgres connection closed: nothing sent within {HANDSHAKE_TIMEOUT:?}");
                             return;
                         }
-                        let acceptor = match &tls {
-                            None => None,
-                            Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, crate::tls::pg_gate(&mut socket)).await {
-                                Ok(Ok(crate::tls::PgGate::Proceed)) => Some(tls.pg_acceptor()),
-                                Ok(Ok(crate::tls::PgGate::Refused)) => {
-                                    tracing::info!(%peer, "postgres connection refused: plaintext startup while TLS is required");
-                                    return;
-                                }
-                                Ok(Ok(crate::tls::PgGate::Closed)) => return,
-                                Ok(Err(e)) => {
-                                    tracing::debug!(%peer, error = %e, "postgres connection failed");
-                                    return;
-                                }
-                                Err(_) => return,
-                            },
+                        let Some(acceptor) = crate::tls::pg_accept(tls.as_deref(), &mut socket, peer, HANDSHAKE_TIMEOUT).await else {
+                            return;
                         };
                         if let Err(e) = process_socket(socket, acceptor, handlers).await {
                             tracing::debug!(%peer, error = %e, "postgres connection failed");

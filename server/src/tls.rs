@@ -200,6 +200,33 @@ pub enum PgGate {
     Closed,
 }
 
+/// What pgwire's `process_socket` is to take for a new PostgreSQL
+/// connection: `Some(None)` without TLS configured, `Some(acceptor)` with
+/// it, and `None` when the connection was answered and closed here (see
+/// [`pg_gate`]), or did not send its first message `within`.
+pub async fn pg_accept(
+    tls: Option<&Tls>,
+    socket: &mut TcpStream,
+    peer: std::net::SocketAddr,
+    within: Duration,
+) -> Option<Option<TlsAcceptor>> {
+    let Some(tls) = tls else {
+        return Some(None);
+    };
+    match tokio::time::timeout(within, pg_gate(socket)).await {
+        Ok(Ok(PgGate::Proceed)) => Some(Some(tls.pg_acceptor())),
+        Ok(Ok(PgGate::Refused)) => {
+            tracing::info!(%peer, "postgres connection refused: plaintext startup while TLS is required");
+            None
+        }
+        Ok(Ok(PgGate::Closed)) | Err(_) => None,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "postgres connection failed");
+            None
+        }
+    }
+}
+
 /// Looks at a new PostgreSQL connection's first message when TLS is
 /// required, without consuming what pgwire must read. A `GSSENCRequest`
 /// (libpq sends one first when it holds Kerberos credentials) is declined
