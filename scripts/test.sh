@@ -6,7 +6,9 @@
 #     stops it when done), built once with cargo and kept in ~/.cargo/bin;
 #   - DuckDB for Python, to read the lake back with another engine;
 #   - curl and psql (Debian's postgresql-client), the clients of the HTTP
-#     and PostgreSQL-protocol tests of `leaseline serve`;
+#     and PostgreSQL-protocol tests of `leaseline serve`, and the openssl
+#     command, which makes the TLS tests' certificates and reads the one
+#     served;
 #   - Prometheus, promtool and Alertmanager (Debian's prometheus and
 #     prometheus-alertmanager): the alert tests start an Alertmanager and a
 #     Prometheus of their own on free loopback ports, and run promtool on
@@ -111,6 +113,8 @@ fi
 missing=()
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v prlimit >/dev/null 2>&1 || missing+=(util-linux)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)

@@ -742,3 +742,195 @@ fn slow_readers_of_large_results_hold_little_memory_and_free_their_places() {
     assert!(peak < 512 << 20, "peak RSS {} MiB", peak >> 20);
     assert!(server.proc.running(), "{}", server.proc.logs());
 }
+
+/// One raw HTTP/1.1 request on a new connection; the whole answer, and
+/// how long it took.
+fn raw_get(base: &str, path: &str) -> (String, Duration) {
+    use std::io::{Read, Write};
+    let addr = base.trim_start_matches("http://");
+    let started = Instant::now();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    (text(&answer), started.elapsed())
+}
+
+#[test]
+fn http_connections_past_the_cap_get_one_answer_and_health_stays_quick() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let metrics_at = format!("127.0.0.1:{}", free_port());
+    let server = Server::start(
+        &lake,
+        &[
+            "--http-max-connections",
+            "2",
+            "--http-header-timeout",
+            "60s",
+            "--metrics-listen",
+            &metrics_at,
+        ],
+        dir.path(),
+    );
+    let addr = server.http.trim_start_matches("http://").to_string();
+    // Connections that say nothing hold both places (one more each time
+    // round: the health check's connection may not be closed yet).
+    let mut held: Vec<std::net::TcpStream> = Vec::new();
+    let q = "SELECT count(*) AS n FROM lease_events";
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            held.push(std::net::TcpStream::connect(&addr).unwrap());
+            server.sql(q, &[]).status == 503
+        }),
+        "a third connection was served:\n{}",
+        server.proc.logs()
+    );
+    let refused = server.sql(q, &[]);
+    assert_eq!(
+        refused.json(),
+        serde_json::json!({
+            "error": "resource_exhausted",
+            "message": "too many open HTTP connections (serve.http_max_connections); retry later",
+        })
+    );
+    // /health is still answered, at once, on connections over the cap.
+    let mut fastest = Duration::MAX;
+    for _ in 0..5 {
+        let (answer, took) = raw_get(&server.http, "/health");
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(answer.contains("\"status\":\"ok\""), "{answer}");
+        assert!(took < Duration::from_secs(1), "health took {took:?}");
+        fastest = fastest.min(took);
+    }
+    assert!(
+        fastest < Duration::from_millis(100),
+        "health took {fastest:?}"
+    );
+    assert!(server.proc.logs().contains("HTTP connection over the cap"));
+    // The metrics listener and PostgreSQL have places of their own.
+    let scraped = curl(&[&format!("http://{metrics_at}/metrics")]);
+    assert_eq!(scraped.status, 200, "{}", scraped.text());
+    let out = psql(server.pg_port, q);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Closing them frees the places.
+    drop(held);
+    assert!(
+        wait_until(Duration::from_secs(10), || server.sql(q, &[]).status == 200),
+        "{}",
+        server.proc.logs()
+    );
+}
+
+#[test]
+fn silent_slow_and_idle_http_connections_are_closed_at_their_deadlines() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let server = Server::start(
+        &lake,
+        &["--http-header-timeout", "1s", "--http-idle-timeout", "3s"],
+        dir.path(),
+    );
+    let addr = server.http.trim_start_matches("http://").to_string();
+    // How long until the server closes `s` (reads return end of file).
+    let closed_after = |mut s: std::net::TcpStream, started: Instant| {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest)
+            .expect("the server never closed the connection");
+        (started.elapsed(), rest)
+    };
+    // Silent from the start: the header deadline.
+    let started = Instant::now();
+    let silent = std::net::TcpStream::connect(&addr).unwrap();
+    let (took, _) = closed_after(silent, started);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    // Half a request head, then nothing (slowloris): the same deadline.
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    let started = Instant::now();
+    slow.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .unwrap();
+    let (took, rest) = closed_after(slow, started);
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(!text(&rest).contains("200 OK"), "{}", text(&rest));
+    // A kept-alive connection after its answer: the idle deadline, longer.
+    let mut kept = std::net::TcpStream::connect(&addr).unwrap();
+    kept.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    kept.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = kept.read(&mut buf).unwrap();
+    assert!(
+        text(&buf[..n]).starts_with("HTTP/1.1 200 OK"),
+        "{}",
+        text(&buf[..n])
+    );
+    let (took, _) = closed_after(kept, Instant::now());
+    assert!(
+        took >= Duration::from_millis(2500) && took < Duration::from_secs(6),
+        "{took:?}"
+    );
+    health(&server);
+}
+
+#[test]
+fn running_out_of_file_descriptors_backs_off_and_every_surface_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let mut server = Server::start(&lake, &["--http-header-timeout", "60s"], dir.path());
+    let pid = server.proc.child.id();
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    // A few descriptors to spare, then none.
+    let limit = open + 8;
+    let out = std::process::Command::new("prlimit")
+        .args([
+            "--pid",
+            &pid.to_string(),
+            &format!("--nofile={limit}:{limit}"),
+        ])
+        .output()
+        .expect("prlimit");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let addr = server.http.trim_start_matches("http://").to_string();
+    let flood: Vec<std::net::TcpStream> = (0..32)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(10), || server
+            .proc
+            .logs()
+            .contains("HTTP accept failed")),
+        "{}",
+        server.proc.logs()
+    );
+    assert!(server.proc.running(), "{}", server.proc.logs());
+    // The flood leaves: everything answers again, on every surface.
+    drop(flood);
+    assert!(
+        wait_until(Duration::from_secs(20), || server.get("/health").status
+            == 200),
+        "{}",
+        server.proc.logs()
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || psql(server.pg_port, "SELECT 1")
+            .status
+            .success()),
+        "{}",
+        server.proc.logs()
+    );
+    assert_eq!(server.sql("SELECT 1 AS one", &[]).status, 200);
+    assert!(server.proc.terminate(Duration::from_secs(30)).success());
+}

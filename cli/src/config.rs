@@ -76,6 +76,25 @@ pub struct ServeConfig {
     /// Serve `/metrics` on this address instead of the HTTP API's (with
     /// the same tokens, scope `metrics`). Default: on the API's.
     pub metrics_listen: Option<SocketAddr>,
+    /// The certificate chain (PEM) of TLS on HTTP and PostgreSQL; with it,
+    /// neither serves plaintext. Reloaded on SIGHUP. Default none.
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// The private key (PEM) of `tls_cert_file`.
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// CA certificates (PEM) that HTTP clients' certificates must be
+    /// signed by (mutual TLS). Default none: no client certificate asked.
+    pub http_client_ca_file: Option<std::path::PathBuf>,
+    /// Open connections per HTTP listener; one more is answered once
+    /// (`/health`, or 503) and closed. Default 1024.
+    pub http_max_connections: usize,
+    /// How long a connection has for its TLS handshake, and a request for
+    /// its head. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub http_header_timeout: std::time::Duration,
+    /// How long a kept-alive connection may wait for its next request.
+    /// Default 60 s.
+    #[serde(with = "humantime_serde")]
+    pub http_idle_timeout: std::time::Duration,
 }
 
 /// An address, or `false` for off.
@@ -109,6 +128,12 @@ impl Default for ServeConfig {
             http_tokens_file: None,
             allowed_hosts: Vec::new(),
             metrics_listen: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            http_client_ca_file: None,
+            http_max_connections: 1024,
+            http_header_timeout: std::time::Duration::from_secs(10),
+            http_idle_timeout: std::time::Duration::from_secs(60),
         }
     }
 }

@@ -98,6 +98,28 @@ struct ListenArgs {
     /// Serve `/metrics` on this address instead of the HTTP API's.
     #[arg(long, env = "LEASELINE_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// The TLS certificate chain (PEM) for HTTP and PostgreSQL; with it,
+    /// neither serves plaintext. SIGHUP reloads it.
+    #[arg(long, env = "LEASELINE_TLS_CERT_FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert-file`.
+    #[arg(long, env = "LEASELINE_TLS_KEY_FILE")]
+    tls_key_file: Option<PathBuf>,
+    /// CA certificates (PEM) that HTTP clients must present a certificate
+    /// of (mutual TLS).
+    #[arg(long, env = "LEASELINE_HTTP_CLIENT_CA_FILE")]
+    http_client_ca_file: Option<PathBuf>,
+    /// Open connections per HTTP listener; one more gets one answer
+    /// (`/health`, or 503) and is closed.
+    #[arg(long, env = "LEASELINE_HTTP_MAX_CONNECTIONS")]
+    http_max_connections: Option<usize>,
+    /// How long an HTTP connection has for its TLS handshake, and a
+    /// request for its head (e.g. `10s`).
+    #[arg(long, env = "LEASELINE_HTTP_HEADER_TIMEOUT", value_parser = humantime::parse_duration)]
+    http_header_timeout: Option<Duration>,
+    /// How long a kept-alive HTTP connection may wait for its next request.
+    #[arg(long, env = "LEASELINE_HTTP_IDLE_TIMEOUT", value_parser = humantime::parse_duration)]
+    http_idle_timeout: Option<Duration>,
 }
 
 impl ListenArgs {
@@ -131,6 +153,24 @@ impl ListenArgs {
         }
         if self.metrics_listen.is_some() {
             cfg.serve.metrics_listen = self.metrics_listen;
+        }
+        if self.tls_cert_file.is_some() {
+            cfg.serve.tls_cert_file = self.tls_cert_file;
+        }
+        if self.tls_key_file.is_some() {
+            cfg.serve.tls_key_file = self.tls_key_file;
+        }
+        if self.http_client_ca_file.is_some() {
+            cfg.serve.http_client_ca_file = self.http_client_ca_file;
+        }
+        if let Some(n) = self.http_max_connections {
+            cfg.serve.http_max_connections = n;
+        }
+        if let Some(t) = self.http_header_timeout {
+            cfg.serve.http_header_timeout = t;
+        }
+        if let Some(t) = self.http_idle_timeout {
+            cfg.serve.http_idle_timeout = t;
         }
     }
 }

@@ -16,7 +16,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use leaseline_lake::{Lake, PendingRows};
 use leaseline_query::QueryEngine;
+use leaseline_server::accept::{serve_http, HttpLimits};
 use leaseline_server::http::{metrics_router, router, AppState, MetricsRenderer};
+use leaseline_server::tls::{Tls, TlsFiles};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
@@ -43,6 +45,61 @@ fn http_auth(cfg: &Config) -> anyhow::Result<leaseline_server::auth::HttpAuth> {
     }
     leaseline_server::auth::HttpAuth::new(&tokens, &cfg.serve.allowed_hosts)
         .map_err(|e| anyhow::anyhow!("serve.http_tokens: {e}"))
+}
+
+/// TLS from `serve.tls_cert_file` and `serve.tls_key_file`, if set.
+fn tls(cfg: &Config) -> anyhow::Result<Option<Arc<Tls>>> {
+    let s = &cfg.serve;
+    let (cert, key) = match (&s.tls_cert_file, &s.tls_key_file) {
+        (None, None) => {
+            anyhow::ensure!(
+                s.http_client_ca_file.is_none(),
+                "serve.http_client_ca_file needs TLS: set serve.tls_cert_file and serve.tls_key_file too"
+            );
+            return Ok(None);
+        }
+        (Some(cert), Some(key)) => (cert.clone(), key.clone()),
+        _ => anyhow::bail!(
+            "TLS needs both serve.tls_cert_file and serve.tls_key_file (--tls-cert-file, --tls-key-file)"
+        ),
+    };
+    let tls = Tls::load(TlsFiles {
+        cert,
+        key,
+        http_client_ca: s.http_client_ca_file.clone(),
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Some(Arc::new(tls)))
+}
+
+/// Reloads TLS on every SIGHUP until the process ends. Installed with or
+/// without TLS, so that a stray SIGHUP never kills the server.
+fn reload_on_sighup(tls: Option<Arc<Tls>>) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match &tls {
+                    None => info!("SIGHUP: no TLS files to reload"),
+                    Some(tls) => match tls.reload() {
+                        Ok(()) => info!(
+                            cert = %tls.files().cert.display(),
+                            "TLS certificate reloaded; new connections get it"
+                        ),
+                        Err(e) => error!(
+                            error = %e,
+                            "TLS reload failed; still serving the previous certificate"
+                        ),
+                    },
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = tls;
+    Ok(())
 }
 
 /// Where the served lake's new events come from, if anywhere.
@@ -78,13 +135,21 @@ pub async fn run(
          serve.http_tokens_file (or --http-tokens-file), or listen on a loopback address",
         cfg.serve.http_listen
     );
+    let tls = tls(&cfg)?;
+    reload_on_sighup(tls.clone())?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let limits = HttpLimits {
+        max_connections: cfg.serve.http_max_connections.max(1),
+        header_timeout: cfg.serve.http_header_timeout,
+        idle_timeout: cfg.serve.http_idle_timeout,
+    };
     let listener = tokio::net::TcpListener::bind(cfg.serve.http_listen)
         .await
         .with_context(|| format!("binding the HTTP API to {}", cfg.serve.http_listen))?;
     let addr = listener.local_addr()?;
-    info!(%addr, "HTTP API listening on http://{addr}");
+    info!(%addr, tls = tls.is_some(), "HTTP API listening on {scheme}://{addr}");
     if cfg.alerts.external_url.is_none() {
-        cfg.alerts.external_url = url::Url::parse(&format!("http://{addr}/")).ok();
+        cfg.alerts.external_url = url::Url::parse(&format!("{scheme}://{addr}/")).ok();
     }
     let lease_metrics = LeaseMetrics::new(&cfg.metrics);
     let ingest_metrics = live.then(IngestMetrics::new);
@@ -122,7 +187,7 @@ pub async fn run(
                 .with_context(|| format!("binding the PostgreSQL protocol to {addr}"))?;
             let bound = listener.local_addr()?;
             pg_addr = Some(bound);
-            info!(addr = %bound, auth = cfg.serve.pg_password.is_some(), "PostgreSQL listening on {bound}");
+            info!(addr = %bound, auth = cfg.serve.pg_password.is_some(), tls = tls.is_some(), "PostgreSQL listening on {bound}");
             let ctx = Arc::new(engine.live_session()?);
             let auth = cfg
                 .serve
@@ -136,6 +201,7 @@ pub async fn run(
             let listener = listener.into_std()?;
             let pg_engine = (*engine).clone();
             let max_connections = cfg.serve.pg_max_connections.max(1);
+            let pg_tls = tls.clone();
             let task = leaseline_query::executor::handle().spawn(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
                 leaseline_server::pg::serve(
@@ -145,6 +211,7 @@ pub async fn run(
                     timeout,
                     listener,
                     max_connections,
+                    pg_tls,
                     async {
                         let _ = stopped.await;
                     },
@@ -172,17 +239,16 @@ pub async fn run(
                 .await
                 .with_context(|| format!("binding /metrics to {at}"))?;
             let bound = listener.local_addr()?;
-            info!(addr = %bound, "metrics listening on http://{bound}/metrics");
+            info!(addr = %bound, "metrics listening on {scheme}://{bound}/metrics");
             let app = metrics_router(AppState {
                 engine: engine.clone(),
                 metrics: Some(render),
                 auth: auth.clone(),
             });
             let stop = http_stop.clone();
+            let tls = tls.clone();
             let task = tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await
+                serve_http("metrics", listener, app, tls, limits, stop).await
             });
             (None, Some(task))
         }
@@ -193,11 +259,9 @@ pub async fn run(
         auth,
     });
     let stop = http_stop.clone();
-    let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-    });
+    let http_tls = tls.clone();
+    let http =
+        tokio::spawn(async move { serve_http("api", listener, app, http_tls, limits, stop).await });
 
     let stop = Arc::new(AtomicBool::new(false));
     // The alert engine sees every event ingest accepts, as it is consumed;

@@ -13,10 +13,12 @@
 //! Every surface is read-only: the engine refuses DDL, DML, `COPY` and
 //! `SET`, and reads nothing but the lake's tables.
 
+pub mod accept;
 pub mod auth;
 pub mod http;
 pub mod pg;
 pub mod svg;
+pub mod tls;
 
 mod error;
 

@@ -17,8 +17,9 @@
 //!   covers building the `DataFrame`, which executes nothing).
 //!
 //! Authentication is SCRAM-SHA-256 for one user we choose, or none.
-//! Connections are plain TCP (no TLS): clients must use `sslmode=disable`
-//! or `prefer`.
+//! Without TLS configured an `SSLRequest` is declined (`N`) and clients go
+//! on in plaintext (`sslmode=disable` or `prefer`); with it, connections
+//! must upgrade, see [`crate::tls`].
 //!
 //! Every query reads through the one long-lived `SessionContext`; its table
 //! providers decide which data a query sees.
@@ -75,15 +76,26 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Answers a connection over the cap as PostgreSQL does: read its startup
-/// message (declining SSL first if it asks), then a FATAL 53300. Reading
-/// first matters: closing a socket with unread data resets it, and the
-/// client would see a dropped connection instead of the reason.
-async fn refuse(socket: &mut tokio::net::TcpStream) -> std::io::Result<()> {
+/// message (answering an SSL request first: with TLS when it is
+/// configured, so that the client can read the reason), then a FATAL
+/// 53300. Reading first matters: closing a socket with unread data resets
+/// it, and the client would see a dropped connection instead of the reason.
+async fn refuse(
+    mut socket: tokio::net::TcpStream,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
     let mut buf = [0u8; 1024];
     let n = socket.read(&mut buf).await?;
     if buf[..n] == SSL_REQUEST {
+        if let Some(tls) = tls {
+            socket.write_all(b"S").await?;
+            let mut socket = tls.accept(socket).await?;
+            let _startup = socket.read(&mut buf).await?;
+            socket.write_all(&too_many_clients()).await?;
+            return socket.shutdown().await;
+        }
         socket.write_all(b"N").await?;
         // The startup message itself: its content does not matter here.
         let _startup = socket.read(&mut buf).await?;
@@ -95,15 +107,21 @@ async fn refuse(socket: &mut tokio::net::TcpStream) -> std::io::Result<()> {
 /// PostgreSQL's ErrorResponse for a server that is full, sent before
 /// closing a connection over the cap: FATAL, SQLSTATE 53300.
 fn too_many_clients() -> Vec<u8> {
+    fatal(
+        "53300",
+        "sorry, too many clients already (serve.pg_max_connections)",
+    )
+}
+
+/// A FATAL ErrorResponse message, for answers given before pgwire takes
+/// the connection.
+pub(crate) fn fatal(sqlstate: &str, message: &str) -> Vec<u8> {
     let mut fields = Vec::new();
     for (code, value) in [
         (b'S', "FATAL"),
         (b'V', "FATAL"),
-        (b'C', "53300"),
-        (
-            b'M',
-            "sorry, too many clients already (serve.pg_max_connections)",
-        ),
+        (b'C', sqlstate),
+        (b'M', message),
     ] {
         fields.push(code);
         fields.extend_from_slice(value.as_bytes());
@@ -134,7 +152,9 @@ const SESSION_SETTINGS: &[&str] = &[
 ///
 /// `auth`: `Some((user, password))` requires SCRAM-SHA-256 for that user,
 /// `None` accepts anyone. Every query (planning and rows) gets
-/// `query_timeout`.
+/// `query_timeout`. With `tls`, connections must upgrade to TLS (see
+/// [`crate::tls::pg_gate`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     ctx: Arc<SessionContext>,
     engine: leaseline_query::QueryEngine,
@@ -142,6 +162,7 @@ pub async fn serve(
     query_timeout: Duration,
     listener: TcpListener,
     max_connections: usize,
+    tls: Option<Arc<crate::tls::Tls>>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     install_pg_catalog(&ctx).map_err(std::io::Error::other)?;
@@ -157,22 +178,27 @@ pub async fn serve(
             _ = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
-                Ok((mut socket, peer)) if connections.len() >= max_connections => {
+                Ok((socket, peer)) if connections.len() >= max_connections => {
                     tracing::warn!(%peer, max_connections, "postgres connection refused: too many clients");
+                    let tls = tls.as_ref().map(|t| t.pg_acceptor());
                     // Said and closed off the accept loop, so a flood of
                     // them cannot stall it.
                     tokio::spawn(async move {
-                        let _ = tokio::time::timeout(Duration::from_secs(2), refuse(&mut socket)).await;
+                        let _ = tokio::time::timeout(Duration::from_secs(2), refuse(socket, tls)).await;
                     });
                 }
-                Ok((socket, peer)) => {
+                Ok((mut socket, peer)) => {
                     let handlers = handlers.clone();
+                    let tls = tls.clone();
                     connections.spawn(async move {
                         if tokio::time::timeout(HANDSHAKE_TIMEOUT, socket.readable()).await.is_err() {
                             tracing::info!(%peer, "postgres connection closed: nothing sent within {HANDSHAKE_TIMEOUT:?}");
                             return;
                         }
-                        if let Err(e) = process_socket(socket, None, handlers).await {
+                        let Some(acceptor) = crate::tls::pg_accept(tls.as_deref(), &mut socket, peer, HANDSHAKE_TIMEOUT).await else {
+                            return;
+                        };
+                        if let Err(e) = process_socket(socket, acceptor, handlers).await {
                             tracing::debug!(%peer, error = %e, "postgres connection failed");
                         }
                     });

@@ -503,10 +503,13 @@ pub fn import_with(lake: &Path, files: &[impl AsRef<std::ffi::OsStr>], extra: &[
 /// `leaseline serve` on a free port, killed on drop.
 pub struct Server {
     pub proc: Proc,
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT` (`https://` with TLS)
     pub http: String,
     /// The PostgreSQL protocol's port.
     pub pg_port: u16,
+    /// Given to every curl of [`Server::get`] and [`Server::sql`] (e.g.
+    /// `--cacert`).
+    pub curl_args: Vec<String>,
 }
 
 impl Server {
@@ -519,6 +522,18 @@ impl Server {
     /// Like [`Server::start`], waiting until `/health` answers `health`
     /// (503 for a lake that is damaged).
     pub fn start_expecting(lake: &Path, args: &[&str], dir: &Path, health: u16) -> Server {
+        Server::start_with(lake, args, dir, health, &[])
+    }
+
+    /// Like [`Server::start_expecting`], with curl arguments for every
+    /// request (`--cacert` for a server with TLS).
+    pub fn start_with(
+        lake: &Path,
+        args: &[&str],
+        dir: &Path,
+        health: u16,
+        curl_args: &[&str],
+    ) -> Server {
         let mut cmd = leaseline();
         cmd.args(["serve", "--lake"])
             .arg(lake)
@@ -530,14 +545,13 @@ impl Server {
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let proc = Proc::spawn(&format!("serve-{n}"), cmd, dir);
-        let marker = "HTTP API listening on http://";
+        let marker = "HTTP API listening on ";
         let deadline = Instant::now() + Duration::from_secs(60);
         let http = loop {
             let logs = proc.logs();
             if let Some(i) = logs.find(marker) {
                 let rest = &logs[i + marker.len()..];
-                let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                break format!("http://{addr}");
+                break rest.chars().take_while(|c| !c.is_whitespace()).collect();
             }
             assert!(Instant::now() < deadline, "serve did not start:\n{logs}");
             std::thread::sleep(Duration::from_millis(50));
@@ -546,6 +560,7 @@ impl Server {
             proc,
             http,
             pg_port: 0,
+            curl_args: curl_args.iter().map(|a| a.to_string()).collect(),
         };
         assert!(
             wait_until(Duration::from_secs(30), || server.get("/health").status
@@ -563,12 +578,18 @@ impl Server {
         server
     }
 
+    fn curl(&self, args: &[&str]) -> HttpReply {
+        let mut all: Vec<&str> = self.curl_args.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        curl(&all)
+    }
+
     pub fn get(&self, path: &str) -> HttpReply {
-        curl(&[&format!("{}{path}", self.http)])
+        self.curl(&[&format!("{}{path}", self.http)])
     }
 
     pub fn get_as(&self, path: &str, accept: &str) -> HttpReply {
-        curl(&[
+        self.curl(&[
             "-H",
             &format!("Accept: {accept}"),
             &format!("{}{path}", self.http),
@@ -581,7 +602,7 @@ impl Server {
         let mut all = vec!["-X", "POST", "--data-binary", body];
         all.extend_from_slice(args);
         all.push(&url);
-        curl(&all)
+        self.curl(&all)
     }
 }
 
