@@ -550,7 +550,11 @@ async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() 
         .arg(&history)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines: Vec<String> = std::fs::read_to_string(&history)
         .unwrap()
         .lines()
@@ -579,7 +583,12 @@ async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() 
         .arg(&history)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let expected: std::collections::BTreeSet<String> = sql(
         &checked,
         "SELECT DISTINCT alertname, lease_id, holder_id, kind FROM lease_alerts \
@@ -661,7 +670,10 @@ async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() 
     // the whole file finds (one in 93 alerts of this history); the
     // violations it raises are all real.
     assert!(
-        missing.len() <= 1 && missing.iter().all(|k| k.starts_with("LeaseSafetyViolation")),
+        missing.len() <= 1
+            && missing
+                .iter()
+                .all(|k| k.starts_with("LeaseSafetyViolation")),
         "missing: {missing:?}"
     );
     // Every lease came from several partitions, and was counted once.
