@@ -22,6 +22,7 @@ fn config(dir: &Path, receivers: &[&str]) -> std::path::PathBuf {
         r#"
 [alerts]
 lateness = "1s"
+partition_idle_timeout = "1s"
 evaluation_interval = "1s"
 resend_interval = "2s"
 [alerts.rules.forced_expiry]
@@ -642,17 +643,11 @@ async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() 
         }
         (firing, resolved)
     };
-    // Settled: every event-rule alert the history holds went out, and
-    // everything sent as firing was resolved once the partitions idled.
-    let event_rules = |set: &std::collections::BTreeSet<String>| {
-        set.iter()
-            .filter(|k| !k.starts_with("LeaseSafetyViolation"))
-            .cloned()
-            .collect::<std::collections::BTreeSet<_>>()
-    };
+    // Settled: every alert the history holds went out as firing, and was
+    // resolved once the partitions idled, so the engine has seen it all.
     let settled = wait_until(Duration::from_secs(90), || {
         let (firing, resolved) = sent();
-        event_rules(&firing) == event_rules(&expected) && firing.is_subset(&resolved)
+        firing.is_superset(&expected) && firing.is_subset(&resolved)
     });
     let (firing, resolved) = sent();
     let missing: Vec<_> = expected.difference(&firing).collect();
@@ -664,18 +659,8 @@ async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() 
         expected.len(),
         firing.difference(&resolved).collect::<Vec<_>>()
     );
-    // No page for anything the history does not hold.
+    // And no page for anything the history does not hold.
     assert!(false_pages.is_empty(), "false: {false_pages:?}");
-    // The incremental audit can still miss an overlap that the audit of
-    // the whole file finds (one in 93 alerts of this history); the
-    // violations it raises are all real.
-    assert!(
-        missing.len() <= 1
-            && missing
-                .iter()
-                .all(|k| k.starts_with("LeaseSafetyViolation")),
-        "missing: {missing:?}"
-    );
     // Every lease came from several partitions, and was counted once.
     let metrics = server.get("/metrics").text();
     let several = metrics

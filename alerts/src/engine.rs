@@ -24,7 +24,7 @@
 //! it had arrived in order, and the alerts of a history depend on its
 //! events, not on their arrival order.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use leaseline_audit::{AuditConfig, Auditor, Violation};
@@ -117,7 +117,11 @@ pub struct AlertEngine {
     first_step: Option<i64>,
     steps: BTreeMap<i64, Step>,
     raised: BTreeMap<AlertKey, Raised>,
-    unconfirmed: BTreeMap<(Name, i64, &'static str, u64), Violation>,
+    /// Violations the audit reports that the watermark has not yet passed.
+    /// Keyed by the whole violation: two can share a lease, time, kind and
+    /// token (one grant overlapping two others), and a retraction of one
+    /// must not take the other with it.
+    unconfirmed: BTreeSet<Violation>,
     windowed: BTreeMap<AlertKey, Windowed>,
     changes: Vec<Alert>,
     pushed: u64,
@@ -150,7 +154,7 @@ impl AlertEngine {
             first_step: None,
             steps: BTreeMap::new(),
             raised: BTreeMap::new(),
-            unconfirmed: BTreeMap::new(),
+            unconfirmed: BTreeSet::new(),
             windowed: BTreeMap::new(),
             changes: Vec::new(),
             pushed: 0,
@@ -455,25 +459,25 @@ impl AlertEngine {
             return;
         }
         for v in changes.retracted {
-            self.unconfirmed.remove(&vid(&v));
+            self.unconfirmed.remove(&v);
         }
         for v in changes.appeared {
-            self.unconfirmed.insert(vid(&v), v);
+            self.unconfirmed.insert(v);
         }
     }
 
     fn confirm_violations(&mut self) {
         let w = self.watermark;
         let skew = self.skew_us;
-        let ready: Vec<_> = self
+        let ready: Vec<Violation> = self
             .unconfirmed
             .iter()
-            .filter(|(_, v)| v.at.saturating_add(skew) <= w)
-            .map(|(k, _)| k.clone())
+            .filter(|v| v.at.saturating_add(skew) <= w)
+            .cloned()
             .collect();
         let rule = self.cfg.rules.safety_violation.clone();
-        for k in ready {
-            let v = self.unconfirmed.remove(&k).expect("listed above");
+        for v in ready {
+            self.unconfirmed.remove(&v);
             if let Some(m) = &self.metrics {
                 m.violations
                     .get_or_create(&vec![("kind", v.kind.as_str().to_string())])
@@ -961,10 +965,6 @@ impl AlertEngine {
             .chain(self.windowed.values().map(|w| w.alert.clone()))
             .collect()
     }
-}
-
-fn vid(v: &Violation) -> (Name, i64, &'static str, u64) {
-    (v.lease_id.clone(), v.at, v.kind.as_str(), v.fencing_token)
 }
 
 /// The `q` quantile by the nearest-rank method; `None` for no samples.
