@@ -520,12 +520,31 @@ const EVENT_ALERTS: [&str; 3] = [
     "LeaseSafetyViolation",
 ];
 
-/// A history with every fault, produced in one burst without keys, round
-/// robin over six partitions: one lease's events are spread over all of
-/// them and read in any interleaving. The alerts sent as firing are
-/// exactly those `check FILE` finds; none is missing and none is false.
-#[tokio::test(flavor = "multi_thread")]
-async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() {
+/// How a burst lays a history's messages over six partitions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Layout {
+    /// Keyed by lease, as the contract asks: one lease, one partition.
+    Keyed,
+    /// No key, round robin: one lease's events over all six partitions,
+    /// read in any interleaving.
+    RoundRobin,
+    /// Keyed, but one partition's messages are produced only once the
+    /// others have been read, every partition has idled and the wall clock
+    /// has moved the watermark past the whole history.
+    OnePartitionLate,
+}
+
+/// The partition of a lease when keyed (the same one every time).
+fn lease_partition(line: &str) -> i32 {
+    let v: Value = serde_json::from_str(line).unwrap();
+    let lease = v["lease_id"].as_str().unwrap();
+    (lease.bytes().map(u32::from).sum::<u32>() % 6) as i32
+}
+
+/// A history with every fault, produced in one burst laid out as `layout`
+/// says. The alerts sent as firing are exactly those `check FILE` finds;
+/// none is missing and none is false.
+async fn a_burst_alerts_exactly_what_check_finds(layout: Layout) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("history.ndjson");
@@ -607,21 +626,61 @@ async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() 
         );
     }
 
-    // The burst: no key, partition by position.
     let broker = Broker::start(dir.path());
     broker.create_topic("leases", 6).await;
     let producer = broker.producer();
-    for (i, line) in lines.iter().enumerate() {
-        let rec = rdkafka::producer::FutureRecord::<(), [u8]>::to("leases")
-            .partition((i % 6) as i32)
-            .payload(line.as_bytes());
-        producer
-            .send(rec, Duration::from_secs(30))
-            .await
-            .map_err(|(e, _)| e)
-            .expect("produce");
-    }
+    let partition = |i: usize, line: &str| match layout {
+        Layout::RoundRobin => (i % 6) as i32,
+        Layout::Keyed | Layout::OnePartitionLate => lease_partition(line),
+    };
+    let late = |p: i32| layout == Layout::OnePartitionLate && p == 5;
+    let produce_where = |keep: &dyn Fn(i32) -> bool| {
+        let producer = producer.clone();
+        let msgs: Vec<(i32, String)> = lines
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (partition(i, l), l.clone()))
+            .filter(|(p, _)| keep(*p))
+            .collect();
+        async move {
+            for (p, line) in msgs {
+                let rec = rdkafka::producer::FutureRecord::<(), [u8]>::to("leases")
+                    .partition(p)
+                    .payload(line.as_bytes());
+                producer
+                    .send(rec, Duration::from_secs(30))
+                    .await
+                    .map_err(|(e, _)| e)
+                    .expect("produce");
+            }
+        }
+    };
+    produce_where(&|p| !late(p)).await;
     let server = serve_with_ingest(dir.path(), &broker, &cfg);
+    if layout == Layout::OnePartitionLate {
+        let early = lines
+            .iter()
+            .enumerate()
+            .filter(|(i, l)| !late(partition(*i, l)))
+            .count();
+        assert!(early < lines.len(), "partition 5 holds leases");
+        // Read, idle, and the wall clock past the history: an alert of the
+        // early partitions has been resolved.
+        assert!(
+            wait_until(Duration::from_secs(90), || {
+                webhook.requests().iter().any(|r| {
+                    serde_json::from_slice::<Value>(&r.body).unwrap()["alerts"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|a| a["status"] == "resolved")
+                })
+            }),
+            "the early partitions never settled:\n{}",
+            server.proc.logs()
+        );
+        produce_where(&late).await;
+    }
 
     // Every alert the live engine raised has also been resolved once the
     // input is read and every partition idles: then it has seen it all.
@@ -661,11 +720,28 @@ async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() 
     );
     // And no page for anything the history does not hold.
     assert!(false_pages.is_empty(), "false: {false_pages:?}");
-    // Every lease came from several partitions, and was counted once.
+    // Unkeyed, every lease came from several partitions and was counted
+    // once; keyed, none.
     let metrics = server.get("/metrics").text();
     let several = metrics
         .lines()
         .find(|l| l.starts_with("leaseline_leases_on_several_partitions_total"))
         .unwrap_or_else(|| panic!("{metrics}"));
-    assert!(several.ends_with(" 16"), "{several}");
+    let leases = if layout == Layout::RoundRobin { 16 } else { 0 };
+    assert!(several.ends_with(&format!(" {leases}")), "{several}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_keyed_by_lease_alerts_exactly_what_check_finds() {
+    a_burst_alerts_exactly_what_check_finds(Layout::Keyed).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() {
+    a_burst_alerts_exactly_what_check_finds(Layout::RoundRobin).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partition_produced_after_the_others_settled_alerts_exactly_what_check_finds() {
+    a_burst_alerts_exactly_what_check_finds(Layout::OnePartitionLate).await;
 }
