@@ -62,6 +62,16 @@ pub struct ServeConfig {
     /// A file holding the PostgreSQL password (its first line), so that it
     /// need not sit in the configuration or the environment.
     pub pg_password_file: Option<std::path::PathBuf>,
+    /// More PostgreSQL users, each with a SCRAM-SHA-256 verifier or a
+    /// password file. Default none.
+    pub pg_users: Vec<PgUserConfig>,
+    /// A TOML file of more users (`[[users]]` tables like `pg_users`), so
+    /// they can live apart from the configuration.
+    pub pg_users_file: Option<std::path::PathBuf>,
+    /// A PostgreSQL connection that sends nothing for this long after its
+    /// handshake is closed (FATAL 57P05); 0 turns it off. Default 5 min.
+    #[serde(with = "humantime_serde")]
+    pub pg_idle_timeout: std::time::Duration,
     /// Bearer tokens of the HTTP API, by their SHA-256, with scopes
     /// (`query`, `metrics`, `ingest`). Without any, the API is open, which
     /// `serve` only allows on a loopback address. Default none.
@@ -97,6 +107,28 @@ pub struct ServeConfig {
     pub http_idle_timeout: std::time::Duration,
 }
 
+/// One PostgreSQL user of `serve.pg_users`: its name and one of a
+/// SCRAM-SHA-256 verifier (`leaseline pg-verifier` makes one, as does
+/// PostgreSQL in `pg_authid`) or a file whose first line is its password.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgUserConfig {
+    pub name: String,
+    #[serde(default)]
+    pub scram: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for PgUserConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgUserConfig")
+            .field("name", &self.name)
+            .field("password_file", &self.password_file)
+            .finish_non_exhaustive()
+    }
+}
+
 /// An address, or `false` for off.
 fn listen_or_off<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
     #[derive(Deserialize)]
@@ -124,6 +156,9 @@ impl Default for ServeConfig {
             pg_password: None,
             pg_password_file: None,
             pg_max_connections: 256,
+            pg_users: Vec::new(),
+            pg_users_file: None,
+            pg_idle_timeout: std::time::Duration::from_secs(300),
             http_tokens: Vec::new(),
             http_tokens_file: None,
             allowed_hosts: Vec::new(),

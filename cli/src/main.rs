@@ -82,6 +82,13 @@ struct ListenArgs {
     /// A file whose first line is the PostgreSQL password.
     #[arg(long, env = "LEASELINE_PG_PASSWORD_FILE")]
     pg_password_file: Option<PathBuf>,
+    /// A TOML file of more PostgreSQL users (`[[users]]` with `name` and
+    /// `scram` or `password_file`).
+    #[arg(long, env = "LEASELINE_PG_USERS_FILE")]
+    pg_users_file: Option<PathBuf>,
+    /// Close a PostgreSQL connection idle this long (e.g. `5m`; `0s`: never).
+    #[arg(long, env = "LEASELINE_PG_IDLE_TIMEOUT", value_parser = humantime::parse_duration)]
+    pg_idle_timeout: Option<Duration>,
     /// A TOML file of the HTTP API's bearer tokens (`[[tokens]]` with
     /// `name`, `sha256` and `scopes`); required unless `--http-listen` is
     /// a loopback address.
@@ -144,6 +151,12 @@ impl ListenArgs {
         }
         if self.pg_password_file.is_some() {
             cfg.serve.pg_password_file = self.pg_password_file;
+        }
+        if self.pg_users_file.is_some() {
+            cfg.serve.pg_users_file = self.pg_users_file;
+        }
+        if let Some(t) = self.pg_idle_timeout {
+            cfg.serve.pg_idle_timeout = t;
         }
         if self.http_tokens_file.is_some() {
             cfg.serve.http_tokens_file = self.http_tokens_file;
@@ -448,6 +461,10 @@ enum Command {
         #[command(flatten)]
         sim: simulate::SimArgs,
     },
+    /// Print the SCRAM-SHA-256 verifier of a PostgreSQL password, for
+    /// `serve.pg_users` (`scram = "..."`): the configuration then holds no
+    /// password. Reads the password from the first line of standard input.
+    PgVerifier {},
     /// Merge small files now and delete files replaced long enough ago.
     Compact {
         #[command(flatten)]
@@ -722,6 +739,18 @@ async fn run(
                 .await
                 .map(|()| ExitCode::SUCCESS)
         }
+        Command::PgVerifier {} => {
+            let password = read_password()?;
+            anyhow::ensure!(
+                !password.is_empty(),
+                "the password is empty: give a real one on standard input"
+            );
+            println!(
+                "{}",
+                leaseline_server::pg_auth::ScramVerifier::new(&password)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Compact {
             lake,
             target_file_bytes,
@@ -894,4 +923,34 @@ async fn run_import(
         println!("no alert would have fired");
     }
     Ok(())
+}
+
+/// The first line of standard input, without its line break. At a
+/// terminal it asks, and what is typed is not echoed.
+fn read_password() -> anyhow::Result<String> {
+    let stdin = std::io::stdin();
+    let terminal = stdin.is_terminal();
+    // SAFETY: tcgetattr/tcsetattr on standard input with a zeroed termios
+    // that tcgetattr fills; the previous mode is restored below.
+    let saved = terminal.then(|| unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        (libc::tcgetattr(0, &mut t) == 0).then(|| {
+            let mut quiet = t;
+            quiet.c_lflag &= !libc::ECHO;
+            libc::tcsetattr(0, libc::TCSANOW, &quiet);
+            t
+        })
+    });
+    if terminal {
+        eprint!("PostgreSQL password: ");
+    }
+    let mut line = String::new();
+    let read = stdin.read_line(&mut line);
+    if let Some(Some(t)) = saved {
+        // SAFETY: restores the mode saved above.
+        unsafe { libc::tcsetattr(0, libc::TCSANOW, &t) };
+        eprintln!();
+    }
+    read.context("reading the password from standard input")?;
+    Ok(line.trim_end_matches(['\n', '\r']).to_string())
 }

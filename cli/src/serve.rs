@@ -102,6 +102,69 @@ fn reload_on_sighup(tls: Option<Arc<Tls>>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The PostgreSQL users: `serve.pg_user` with its password (from the
+/// configuration, the environment or a file), then `serve.pg_users` and
+/// the users file. Passwords become SCRAM verifiers here and are not kept.
+/// Any empty password is refused: it would admit whoever sends one.
+fn pg_users(cfg: &Config) -> anyhow::Result<leaseline_server::pg_auth::PgUsers> {
+    use leaseline_server::pg_auth::{PgUsers, ScramVerifier};
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct UsersFile {
+        users: Vec<crate::config::PgUserConfig>,
+    }
+    let first_line = |path: &std::path::Path| -> anyhow::Result<String> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the PostgreSQL password file {}", path.display()))?;
+        Ok(text.lines().next().unwrap_or("").to_string())
+    };
+    let mut users = Vec::new();
+    let mut password = cfg.serve.pg_password.clone();
+    if let Some(path) = &cfg.serve.pg_password_file {
+        anyhow::ensure!(
+            password.is_none(),
+            "give the PostgreSQL password once: serve.pg_password or serve.pg_password_file"
+        );
+        password = Some(first_line(path)?);
+    }
+    if let Some(password) = password {
+        anyhow::ensure!(
+            !password.is_empty(),
+            "the PostgreSQL password is empty: set a real one (serve.pg_password or \
+             LEASELINE_PG_PASSWORD), or none at all on a loopback address"
+        );
+        users.push((cfg.serve.pg_user.clone(), ScramVerifier::new(&password)));
+    }
+    let mut listed = cfg.serve.pg_users.clone();
+    if let Some(path) = &cfg.serve.pg_users_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the PostgreSQL users file {}", path.display()))?;
+        let file: UsersFile = toml::from_str(&text)
+            .with_context(|| format!("the PostgreSQL users file {}", path.display()))?;
+        listed.extend(file.users);
+    }
+    for user in listed {
+        let name = user.name;
+        let verifier = match (user.scram, user.password_file) {
+            (Some(scram), None) => scram
+                .parse::<ScramVerifier>()
+                .map_err(|e| anyhow::anyhow!("serve.pg_users: user {name:?}: {e}"))?,
+            (None, Some(path)) => ScramVerifier::new(&first_line(&path)?),
+            _ => anyhow::bail!(
+                "serve.pg_users: user {name:?} needs one of scram (a verifier: \
+                 `leaseline pg-verifier` prints one) or password_file"
+            ),
+        };
+        anyhow::ensure!(
+            !verifier.is_of(""),
+            "serve.pg_users: the password of user {name:?} is empty: set a real one \
+             (its scram verifier or password_file)"
+        );
+        users.push((name, verifier));
+    }
+    PgUsers::new(users).map_err(|e| anyhow::anyhow!("serve.pg_users: {e}"))
+}
+
 /// Where the served lake's new events come from, if anywhere.
 pub enum Source {
     /// Nowhere: serve what the lake holds (another process may ingest).
@@ -159,27 +222,12 @@ pub async fn run(
     let mut pg_addr = None;
     let (pg_stop, pg) = match cfg.serve.pg_listen {
         Some(addr) => {
-            if let Some(path) = &cfg.serve.pg_password_file {
-                anyhow::ensure!(
-                    cfg.serve.pg_password.is_none(),
-                    "give the PostgreSQL password once: serve.pg_password or serve.pg_password_file"
-                );
-                let text = std::fs::read_to_string(path).with_context(|| {
-                    format!("reading the PostgreSQL password file {}", path.display())
-                })?;
-                cfg.serve.pg_password = Some(text.lines().next().unwrap_or("").to_string());
-            }
-            // An empty password would pass every check below and admit
-            // anyone who sends one.
-            anyhow::ensure!(
-                cfg.serve.pg_password.as_deref() != Some(""),
-                "the PostgreSQL password is empty: set a real one (serve.pg_password or \
-                 LEASELINE_PG_PASSWORD), or none at all on a loopback address"
-            );
-            if !addr.ip().is_loopback() && cfg.serve.pg_password.is_none() {
+            let users = Arc::new(pg_users(&cfg)?);
+            if !addr.ip().is_loopback() && users.is_empty() {
                 anyhow::bail!(
                     "refusing to serve PostgreSQL on {addr} without a password: set \
-                     serve.pg_password (or LEASELINE_PG_PASSWORD), or listen on a loopback address"
+                     serve.pg_password (or LEASELINE_PG_PASSWORD), serve.pg_users or \
+                     serve.pg_users_file, or listen on a loopback address"
                 );
             }
             let listener = tokio::net::TcpListener::bind(addr)
@@ -187,14 +235,11 @@ pub async fn run(
                 .with_context(|| format!("binding the PostgreSQL protocol to {addr}"))?;
             let bound = listener.local_addr()?;
             pg_addr = Some(bound);
-            info!(addr = %bound, auth = cfg.serve.pg_password.is_some(), tls = tls.is_some(), "PostgreSQL listening on {bound}");
+            let names: Vec<&str> = users.names().collect();
+            info!(addr = %bound, users = ?names, tls = tls.is_some(), "PostgreSQL listening on {bound}");
             let ctx = Arc::new(engine.live_session()?);
-            let auth = cfg
-                .serve
-                .pg_password
-                .clone()
-                .map(|p| (cfg.serve.pg_user.clone(), p));
             let timeout = cfg.query.timeout;
+            let idle_timeout = Some(cfg.serve.pg_idle_timeout).filter(|t| !t.is_zero());
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             // Connections are served where queries run: a runaway query
             // slows other queries, never HTTP, /health or ingest.
@@ -207,11 +252,12 @@ pub async fn run(
                 leaseline_server::pg::serve(
                     ctx,
                     pg_engine,
-                    auth,
+                    users,
                     timeout,
                     listener,
                     max_connections,
                     pg_tls,
+                    idle_timeout,
                     async {
                         let _ = stopped.await;
                     },

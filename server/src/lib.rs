@@ -17,6 +17,7 @@ pub mod accept;
 pub mod auth;
 pub mod http;
 pub mod pg;
+pub mod pg_auth;
 pub mod svg;
 pub mod tls;
 

@@ -42,27 +42,26 @@ use datafusion_postgres::hooks::set_show::SetShowHook;
 use datafusion_postgres::hooks::transactions::TransactionStatementHook;
 use datafusion_postgres::hooks::{HookClient, QueryHook};
 use datafusion_postgres::pgwire::api::auth::noop::NoopStartupHandler;
-use datafusion_postgres::pgwire::api::auth::sasl::scram::{
-    gen_salted_password, random_nonce, ScramAuth, SCRAM_ITERATIONS,
-};
-use datafusion_postgres::pgwire::api::auth::sasl::SASLAuthStartupHandler;
-use datafusion_postgres::pgwire::api::auth::{
-    AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler,
-};
+use datafusion_postgres::pgwire::api::auth::StartupHandler;
 use datafusion_postgres::pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
 use datafusion_postgres::pgwire::api::portal::Portal;
 use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use datafusion_postgres::pgwire::api::results::{Response, Tag};
 use datafusion_postgres::pgwire::api::store::PortalStore;
 use datafusion_postgres::pgwire::api::{
-    ClientInfo, ClientPortalStore, ConnectionManager, PgWireServerHandlers,
+    ClientInfo, ClientPortalStore, ConnectionHandle, ConnectionManager, ErrorHandler,
+    PgWireConnectionState, PgWireServerHandlers,
 };
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use datafusion_postgres::pgwire::messages::data::DataRow;
 use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
-use datafusion_postgres::pgwire::tokio::process_socket;
+use datafusion_postgres::pgwire::tokio::server::{negotiate_tls, process_error, process_message};
+use datafusion_postgres::pgwire::tokio::TlsAcceptor;
 use datafusion_postgres::{DfSessionService, Parser};
-use futures::{Sink, StreamExt};
+use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::{Sink, SinkExt, StreamExt};
+
+use crate::pg_auth::{PgUsers, ScramStartup};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio::time::{timeout_at, Instant};
@@ -150,25 +149,27 @@ const SESSION_SETTINGS: &[&str] = &[
 /// Serves `ctx` over the PostgreSQL protocol on `listener` until `shutdown`
 /// completes, then gives open connections [`SHUTDOWN_GRACE`] to finish.
 ///
-/// `auth`: `Some((user, password))` requires SCRAM-SHA-256 for that user,
-/// `None` accepts anyone. Every query (planning and rows) gets
-/// `query_timeout`. With `tls`, connections must upgrade to TLS (see
-/// [`crate::tls::pg_gate`]).
+/// `users`: SCRAM-SHA-256 for these users, or anyone when there are none.
+/// Every query (planning and rows) gets `query_timeout`. With `tls`,
+/// connections must upgrade to TLS (see [`crate::tls::pg_gate`]). A
+/// connection that sends nothing for `idle_timeout` after its handshake is
+/// closed.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(
     ctx: Arc<SessionContext>,
     engine: leaseline_query::QueryEngine,
-    auth: Option<(String, String)>,
+    users: Arc<PgUsers>,
     query_timeout: Duration,
     listener: TcpListener,
     max_connections: usize,
     tls: Option<Arc<crate::tls::Tls>>,
+    idle_timeout: Option<Duration>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     install_pg_catalog(&ctx).map_err(std::io::Error::other)?;
     let handlers = Arc::new(Handlers {
         service: Arc::new(PgService::new(ctx, engine, query_timeout)),
-        credentials: auth.map(|(user, password)| Arc::new(Credentials::new(user, &password))),
+        users,
         connections: Arc::new(ConnectionManager::new()),
     });
     let mut connections = JoinSet::new();
@@ -198,7 +199,7 @@ pub async fn serve(
                         let Some(acceptor) = crate::tls::pg_accept(tls.as_deref(), &mut socket, peer, HANDSHAKE_TIMEOUT).await else {
                             return;
                         };
-                        if let Err(e) = process_socket(socket, acceptor, handlers).await {
+                        if let Err(e) = serve_connection(socket, acceptor, handlers, idle_timeout).await {
                             tracing::debug!(%peer, error = %e, "postgres connection failed");
                         }
                     });
@@ -215,6 +216,96 @@ pub async fn serve(
     let drain = async { while connections.join_next().await.is_some() {} };
     if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
         connections.shutdown().await;
+    }
+    Ok(())
+}
+
+/// How long the startup and authentication may take, as pgwire's own loop
+/// and PostgreSQL's `authentication_timeout`.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Drives one connection as pgwire's `process_socket` does, with one
+/// addition: after the handshake, a connection that sends nothing for
+/// `idle_timeout` is told so, FATAL 57P05 (idle_session_timeout, as
+/// PostgreSQL 14+ says it), and closed, so forgotten sessions do not hold
+/// places under the connection cap. A running query is not idle: the
+/// timer only runs while the server waits for the client's next message.
+async fn serve_connection<H: PgWireServerHandlers>(
+    tcp: tokio::net::TcpStream,
+    tls: Option<TlsAcceptor>,
+    handlers: H,
+    idle_timeout: Option<Duration>,
+) -> std::io::Result<()> {
+    let startup_deadline = Instant::now() + STARTUP_TIMEOUT;
+    let Ok(negotiated) = timeout_at(startup_deadline, negotiate_tls(tcp, tls)).await else {
+        return Ok(());
+    };
+    let Some(mut socket) = negotiated? else {
+        return Ok(());
+    };
+    let startup = handlers.startup_handler();
+    let simple = handlers.simple_query_handler();
+    let extended = handlers.extended_query_handler();
+    let copy = handlers.copy_handler();
+    let cancel = handlers.cancel_handler();
+    let errors = handlers.error_handler();
+    loop {
+        let handshaking = matches!(
+            socket.state(),
+            PgWireConnectionState::AwaitingStartup
+                | PgWireConnectionState::AuthenticationInProgress
+        );
+        let message = if handshaking {
+            match timeout_at(startup_deadline, socket.next()).await {
+                Ok(message) => message,
+                Err(_) => break,
+            }
+        } else if let Some(idle) = idle_timeout {
+            match tokio::time::timeout(idle, socket.next()).await {
+                Ok(message) => message,
+                Err(_) => {
+                    tracing::info!(peer = %socket.socket_addr(), "postgres connection closed: idle for {idle:?}");
+                    let info = ErrorInfo::new(
+                        "FATAL".to_owned(),
+                        "57P05".to_owned(),
+                        "terminating connection due to idle-session timeout (serve.pg_idle_timeout)"
+                            .to_owned(),
+                    );
+                    socket
+                        .send(PgWireBackendMessage::ErrorResponse(info.into()))
+                        .await?;
+                    socket.close().await?;
+                    break;
+                }
+            }
+        } else {
+            socket.next().await
+        };
+        let Some(Ok(message)) = message else {
+            break;
+        };
+        // The client is leaving; some clients wait for the server to close.
+        if matches!(message, PgWireFrontendMessage::Terminate(_)) {
+            break;
+        }
+        let extended_query = match socket.state() {
+            PgWireConnectionState::CopyInProgress(extended) => extended,
+            _ => message.is_extended_query(),
+        };
+        if let Err(mut e) = process_message(
+            message,
+            &mut socket,
+            startup.clone(),
+            simple.clone(),
+            extended.clone(),
+            copy.clone(),
+            cancel.clone(),
+        )
+        .await
+        {
+            errors.on_error(&socket, &mut e);
+            process_error(&mut socket, e, extended_query).await?;
+        }
     }
     Ok(())
 }
@@ -248,7 +339,8 @@ pub fn install_pg_catalog(ctx: &SessionContext) -> datafusion::error::Result<()>
 /// The pgwire handlers of every connection.
 struct Handlers {
     service: Arc<PgService>,
-    credentials: Option<Arc<Credentials>>,
+    /// None: anyone may connect.
+    users: Arc<PgUsers>,
     /// Lets a client's cancel request (psql's Ctrl-C) find its connection.
     connections: Arc<ConnectionManager>,
 }
@@ -266,13 +358,10 @@ impl PgWireServerHandlers for Handlers {
     /// handshake, so it must not be shared.
     fn startup_handler(&self) -> Arc<impl StartupHandler> {
         let connections = self.connections.clone();
-        Arc::new(match &self.credentials {
-            None => Startup::Trust(Trust(connections)),
-            Some(credentials) => Startup::Scram(
-                SASLAuthStartupHandler::new(Arc::new(DefaultServerParameterProvider::default()))
-                    .with_scram(ScramAuth::new(credentials.clone()))
-                    .with_connection_manager(connections),
-            ),
+        Arc::new(if self.users.is_empty() {
+            Startup::Trust(Trust(connections))
+        } else {
+            Startup::Scram(ScramStartup::new(self.users.clone(), connections))
         })
     }
 
@@ -284,7 +373,7 @@ impl PgWireServerHandlers for Handlers {
 /// No authentication, or SCRAM-SHA-256.
 enum Startup {
     Trust(Trust),
-    Scram(SASLAuthStartupHandler<DefaultServerParameterProvider>),
+    Scram(ScramStartup),
 }
 
 struct Trust(Arc<ConnectionManager>);
@@ -313,51 +402,6 @@ impl StartupHandler for Startup {
         match self {
             Startup::Trust(h) => h.on_startup(client, message).await,
             Startup::Scram(h) => h.on_startup(client, message).await,
-        }
-    }
-}
-
-/// The one user and its SCRAM salted password, computed once: the password
-/// itself is not kept.
-struct Credentials {
-    user: String,
-    salt: Vec<u8>,
-    salted_password: Vec<u8>,
-}
-
-impl Credentials {
-    fn new(user: String, password: &str) -> Self {
-        // Any bytes make a salt; `random_nonce` is 18 random bytes, base64.
-        let salt = random_nonce().into_bytes();
-        let salted_password = gen_salted_password(password, &salt, SCRAM_ITERATIONS);
-        Credentials {
-            user,
-            salt,
-            salted_password,
-        }
-    }
-}
-
-impl Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("user", &self.user)
-            .finish_non_exhaustive()
-    }
-}
-
-#[async_trait]
-impl AuthSource for Credentials {
-    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
-        match login.user() {
-            Some(user) if user == self.user => Ok(Password::new(
-                Some(self.salt.clone()),
-                self.salted_password.clone(),
-            )),
-            // The same FATAL 28P01 as a wrong password.
-            user => Err(PgWireError::InvalidPassword(
-                user.unwrap_or_default().to_owned(),
-            )),
         }
     }
 }
@@ -402,9 +446,6 @@ impl PgService {
         })
     }
 
-    /// Bounds the rows of a result by `deadline` too: they are computed
-    /// while pgwire sends them, after `do_query` has returned. Dropping the
-    /// stream on expiry stops DataFusion's execution.
     /// The statement's time limit: `query.timeout`, or the connection's
     /// `statement_timeout` when that is set and shorter (0 means none, as
     /// in PostgreSQL). datafusion-postgres's `SetShowHook` keeps it in the
@@ -420,13 +461,18 @@ impl PgService {
             })
     }
 
-    /// The admission `permit` is held until the last row is sent.
+    /// Bounds the rows of a result by `deadline` and the client's cancel
+    /// request too: they are computed while pgwire sends them, after
+    /// `do_query` has returned. Dropping the stream stops DataFusion's
+    /// execution; the admission `permit` is held until the last row is
+    /// sent, and let go before the error that ends the rows early.
     fn bounded(
         &self,
         response: Response,
         deadline: Instant,
         limit: Duration,
         permit: Arc<tokio::sync::OwnedSemaphorePermit>,
+        handle: Option<Arc<ConnectionHandle>>,
     ) -> Response {
         let mut query = match response {
             Response::Query(query) => query,
@@ -436,20 +482,85 @@ impl PgService {
         let empty = futures::stream::empty::<PgWireResult<DataRow>>();
         let rows = std::mem::replace(&mut query.data_rows, Box::pin(empty));
         query.data_rows = Box::pin(futures::stream::unfold(
-            (Some(rows), permit),
-            move |(rows, permit)| async move {
-                let Some(mut rows) = rows else {
-                    return None; // the deadline passed: the error was the last item
-                };
-                match timeout_at(deadline, rows.next()).await {
-                    Ok(Some(row)) => Some((row, (Some(rows), permit))),
-                    Ok(None) => None,
-                    Err(_) => Some((Err(timed_out(limit)), (None, permit))),
+            Some((rows, permit, None)),
+            move |running| {
+                let handle = handle.clone();
+                async move {
+                    // None: the error that ended the rows was the last item.
+                    let (mut rows, permit, cancel) = running?;
+                    // Asked for when the rows start: pgwire watches its own
+                    // cancel signal until `do_query` returns, and a new one
+                    // before then would read as a cancel to it.
+                    let cancel = match cancel {
+                        Some(cancel) => cancel,
+                        None => cancel_signal(handle).await,
+                    };
+                    let next = tokio::select! {
+                        next = timeout_at(deadline, rows.next()) => next.map_err(|_| timed_out(limit)),
+                        () = cancelled(cancel.clone()) => Err(canceled()),
+                    };
+                    match next {
+                        Ok(Some(row)) => Some((row, Some((rows, permit, Some(cancel))))),
+                        Ok(None) => None,
+                        Err(e) => {
+                            drop((rows, permit));
+                            Some((Err(e), None))
+                        }
+                    }
                 }
             },
         ));
         Response::Query(query)
     }
+}
+
+/// Resolves to true when the client asks to cancel the running statement
+/// (a CancelRequest on another connection, as psql sends on Ctrl-C), to
+/// false when the connection's next statement starts or it has no handle.
+type Cancel = Shared<BoxFuture<'static, bool>>;
+
+/// Where a cancel request for `client`'s connection arrives: pgwire's
+/// `DefaultCancelHandler` finds it by the key sent in BackendKeyData.
+fn cancel_handle<C: ClientInfo + ?Sized>(client: &C) -> Option<Arc<ConnectionHandle>> {
+    client
+        .session_extensions()
+        .get::<Arc<ConnectionHandle>>()
+        .map(|h| (*h).clone())
+}
+
+/// The cancel signal of what runs from now on the connection. pgwire
+/// itself cancels `do_query` (planning, the wait for a place); this covers
+/// the rows, which are computed after it.
+async fn cancel_signal(handle: Option<Arc<ConnectionHandle>>) -> Cancel {
+    let receiver = match handle {
+        Some(handle) => Some(handle.start_query().await),
+        None => None,
+    };
+    async move {
+        match receiver {
+            Some(receiver) => receiver.await.is_ok(),
+            None => false,
+        }
+    }
+    .boxed()
+    .shared()
+}
+
+/// Completes only when the statement is cancelled.
+async fn cancelled(cancel: Cancel) {
+    if !cancel.await {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// SQLSTATE 57014 (query_canceled) with PostgreSQL's words for a cancel
+/// request.
+fn canceled() -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_owned(),
+        "57014".to_owned(),
+        "canceling statement due to user request".to_owned(),
+    )))
 }
 
 #[async_trait]
@@ -461,6 +572,7 @@ impl SimpleQueryHandler for PgService {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        let handle = cancel_handle(client);
         let permit = Arc::new(self.admit().await?);
         // One deadline for all statements of the query string.
         let limit = self.limit(client);
@@ -471,7 +583,7 @@ impl SimpleQueryHandler for PgService {
             .map_err(|_| timed_out(limit))??;
         Ok(responses
             .into_iter()
-            .map(|r| self.bounded(r, deadline, limit, permit.clone()))
+            .map(|r| self.bounded(r, deadline, limit, permit.clone(), handle.clone()))
             .collect())
     }
 }
@@ -497,6 +609,7 @@ impl ExtendedQueryHandler for PgService {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        let handle = cancel_handle(client);
         let permit = Arc::new(self.admit().await?);
         let limit = self.limit(client);
         let deadline = Instant::now() + limit;
@@ -509,7 +622,7 @@ impl ExtendedQueryHandler for PgService {
         let response = timeout_at(deadline, work)
             .await
             .map_err(|_| timed_out(limit))??;
-        Ok(self.bounded(response, deadline, limit, permit))
+        Ok(self.bounded(response, deadline, limit, permit, handle))
     }
 }
 
