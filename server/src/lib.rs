@@ -18,6 +18,7 @@ pub mod auth;
 pub mod http;
 pub mod pg;
 pub mod pg_auth;
+pub mod pg_describe;
 pub mod svg;
 pub mod tls;
 

@@ -35,7 +35,6 @@ use datafusion::common::{DFSchema, ParamValues};
 use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::{Select, Set, Statement, Visit, Visitor};
-use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
 use datafusion_postgres::datafusion_pg_catalog::setup_pg_catalog;
 use datafusion_postgres::hooks::cursor::CursorStatementHook;
 use datafusion_postgres::hooks::set_show::SetShowHook;
@@ -166,7 +165,11 @@ pub async fn serve(
     idle_timeout: Option<Duration>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    install_pg_catalog(&ctx).map_err(std::io::Error::other)?;
+    let roles = users.names().map(str::to_owned).collect();
+    install_pg_catalog(&ctx, roles).map_err(std::io::Error::other)?;
+    crate::pg_describe::install_functions(&ctx)
+        .await
+        .map_err(std::io::Error::other)?;
     let handlers = Arc::new(Handlers {
         service: Arc::new(PgService::new(ctx, engine, query_timeout)),
         users,
@@ -311,9 +314,13 @@ async fn serve_connection<H: PgWireServerHandlers>(
 }
 
 /// Adds the `pg_catalog` schema and Postgres functions that psql's `\d`
-/// commands need, and turns on `information_schema`, which Grafana's table
-/// and column pickers read. Idempotent.
-pub fn install_pg_catalog(ctx: &SessionContext) -> datafusion::error::Result<()> {
+/// commands need, with `roles` as `pg_roles`, and turns on
+/// `information_schema`, which Grafana's table and column pickers read.
+/// Idempotent.
+pub fn install_pg_catalog(
+    ctx: &SessionContext,
+    roles: Vec<String>,
+) -> datafusion::error::Result<()> {
     let catalog = {
         let state = ctx.state_ref();
         let mut state = state.write();
@@ -330,10 +337,10 @@ pub fn install_pg_catalog(ctx: &SessionContext) -> datafusion::error::Result<()>
     {
         return Ok(());
     }
-    // Not `Arc<AuthManager>`: datafusion-pg-catalog 0.19's
-    // `impl PgCatalogContextProvider for Arc<T>` calls itself. `pg_roles` is
-    // simply empty.
-    setup_pg_catalog(ctx, &catalog, EmptyContextProvider).map_err(|e| *e)
+    // Not an `Arc<T>`: datafusion-pg-catalog 0.19's
+    // `impl PgCatalogContextProvider for Arc<T>` calls itself.
+    let roles = crate::pg_describe::Roles(Arc::new(roles));
+    setup_pg_catalog(ctx, &catalog, roles).map_err(|e| *e)
 }
 
 /// The pgwire handlers of every connection.
@@ -423,6 +430,7 @@ impl PgService {
         // datafusion-postgres's default hooks, behind ours.
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(ReadOnlyHook),
+            Arc::new(crate::pg_describe::DescribeHook),
             Arc::new(CursorStatementHook),
             Arc::new(SetShowHook),
             Arc::new(TransactionStatementHook),
