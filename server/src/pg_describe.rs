@@ -362,11 +362,11 @@ mod tests {
         assert_eq!(rewritten("SELECT 1"), None);
         assert_eq!(
             rewritten("SELECT ARRAY(SELECT b.rolname FROM pg_roles b WHERE b.oid = r.oid) AS m FROM pg_roles r").as_deref(),
-            Some("SELECT (SELECT array_agg(b.rolname) FROM pg_roles AS b WHERE b.oid = r.oid) AS m FROM pg_roles AS r")
+            Some("SELECT (SELECT array_agg(b.rolname) FROM pg_roles b WHERE b.oid = r.oid) AS m FROM pg_roles r")
         );
         assert_eq!(
             rewritten("SELECT c.reloptions || array(select 'toast.' || x from pg_catalog.unnest(tc.reloptions) x) FROM pg_class c").as_deref(),
-            Some("SELECT CAST(NULL AS TEXT[]) || NULL FROM pg_class AS c")
+            Some("SELECT CAST(NULL AS TEXT[]) || NULL FROM pg_class c")
         );
     }
 }
