@@ -113,6 +113,36 @@ impl QueryError {
         }
     }
 
+    /// True when the query is well formed but a value it computes is
+    /// refused: a division by zero, a string that does not cast, a month
+    /// 13, an invalid regular expression, an overflow. The query's fault
+    /// (HTTP 400), though it shows only once values are computed.
+    pub fn is_bad_value(&self) -> bool {
+        use datafusion::arrow::error::ArrowError;
+        let QueryError::DataFusion(e) = self else {
+            return false;
+        };
+        if invalid_regex(e) {
+            return true;
+        }
+        match e.find_root() {
+            DataFusionError::ArrowError(a, _) => matches!(
+                a.as_ref(),
+                ArrowError::DivideByZero
+                    | ArrowError::CastError(_)
+                    | ArrowError::ParseError(_)
+                    | ArrowError::ArithmeticOverflow(_)
+                    | ArrowError::InvalidArgumentError(_)
+                    | ArrowError::ComputeError(_)
+            ),
+            // What functions say of their arguments (a negative count, an
+            // unknown date_trunc unit); reading the lake fails otherwise
+            // (I/O, object store, Parquet).
+            DataFusionError::Execution(_) => true,
+            _ => false,
+        }
+    }
+
     /// True when the query ran out of its memory or time budget: HTTP 503.
     pub fn is_resource_exhausted(&self) -> bool {
         match self {
@@ -158,6 +188,19 @@ pub fn table_names() -> Vec<&'static str> {
     names.extend(AuditView::ALL.iter().map(|v| v.name()));
     names.push(ALERTS_TABLE);
     names
+}
+
+/// DataFusion says a pattern does not compile as `Context("Invalid
+/// regex", External(..))`, and External alone says nothing.
+fn invalid_regex(e: &DataFusionError) -> bool {
+    match e {
+        DataFusionError::Context(ctx, inner) => {
+            ctx.starts_with("Invalid regex") || invalid_regex(inner)
+        }
+        DataFusionError::Diagnostic(_, inner) => invalid_regex(inner),
+        DataFusionError::Shared(inner) => invalid_regex(inner),
+        _ => false,
+    }
 }
 
 fn is_client_error(e: &DataFusionError) -> bool {

@@ -26,7 +26,9 @@ pub enum ServerError {
 impl ServerError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ServerError::Query(e) if e.is_client_error() => StatusCode::BAD_REQUEST,
+            ServerError::Query(e) if e.is_client_error() || e.is_bad_value() => {
+                StatusCode::BAD_REQUEST
+            }
             ServerError::Query(e) if e.is_resource_exhausted() => StatusCode::SERVICE_UNAVAILABLE,
             ServerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ServerError::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,

@@ -355,25 +355,33 @@ fn ts_lit(us: i64) -> Expr {
     ))
 }
 
-/// A time parameter: RFC 3339 or epoch milliseconds; microseconds out.
-/// Parses a time parameter: RFC 3339 or epoch milliseconds; microseconds.
+/// Parses a time parameter: RFC 3339 or epoch milliseconds; microseconds
+/// out. Times outside the years 0001 to 9999 (what the lake's events may
+/// carry) are refused, as timestamp arithmetic past them fails.
 pub fn time_param(name: &str, v: &Option<String>) -> Result<Option<i64>, ServerError> {
+    // 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z.
+    const EARLIEST_US: i64 = -62_135_596_800_000_000;
+    const LATEST_US: i64 = 253_402_300_799_999_999;
     let Some(v) = v.as_deref() else {
         return Ok(None);
     };
-    if let Ok(ms) = v.parse::<i64>() {
-        return ms
-            .checked_mul(1000)
-            .map(Some)
-            .ok_or_else(|| ServerError::BadRequest(format!("{name}={v} is out of range")));
-    }
-    DateTime::parse_from_rfc3339(v)
-        .map(|t| Some(t.timestamp_micros()))
-        .map_err(|e| {
+    let us = if let Ok(ms) = v.parse::<i64>() {
+        ms.checked_mul(1000)
+    } else {
+        let t = DateTime::parse_from_rfc3339(v).map_err(|e| {
             ServerError::BadRequest(format!(
                 "{name}={v:?} is neither RFC 3339 nor epoch milliseconds: {e}"
             ))
-        })
+        })?;
+        Some(t.timestamp_micros())
+    };
+    match us {
+        Some(us) if (EARLIEST_US..=LATEST_US).contains(&us) => Ok(Some(us)),
+        _ => Err(ServerError::BadRequest(format!(
+            "{name}={v} is out of range: times are between 0001-01-01T00:00:00Z and \
+             9999-12-31T23:59:59.999Z (epoch ms -62135596800000 to 253402300799999)"
+        ))),
+    }
 }
 
 fn media_type(v: &str) -> &str {
