@@ -14,7 +14,9 @@
 #     Prometheus of their own on free loopback ports, and run promtool on
 #     the shipped rules;
 #   - the jsonschema package for Python, which checks
-#     docs/lease-event.schema.json against the decoder.
+#     docs/lease-event.schema.json against the decoder;
+#   - psycopg for Python, the client whose cancel request the PostgreSQL
+#     tests send.
 # Before any of that it makes sure the build itself can run (README.md,
 # "Building"): Rust at least the workspace's rust-version, which it cannot
 # install, and the Debian packages of a C toolchain, pkg-config, the OpenSSL
@@ -103,6 +105,11 @@ fi
 if ! python3 -c "import duckdb" >/dev/null 2>&1; then
   echo "== installing duckdb for python =="
   python3 -m pip install --quiet --disable-pip-version-check duckdb
+fi
+
+if ! python3 -c "import psycopg" >/dev/null 2>&1; then
+  echo "== installing psycopg for python =="
+  python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]'
 fi
 
 if ! python3 -c "import jsonschema" >/dev/null 2>&1; then

@@ -218,7 +218,16 @@ fn description(help: &str) -> String {
 #[test]
 fn every_flag_has_a_description_and_an_environment_variable() {
     let commands = [
-        "ingest", "serve", "import", "sql", "check", "demo", "timeline", "simulate", "compact",
+        "ingest",
+        "serve",
+        "import",
+        "sql",
+        "check",
+        "demo",
+        "timeline",
+        "simulate",
+        "compact",
+        "pg-verifier",
     ];
     for c in commands {
         let out = leaseline().args([c, "--help"]).output().unwrap();

@@ -242,3 +242,97 @@ fn every_error_is_json_even_from_the_extractors() {
     assert_eq!(method.status, 405);
     assert_eq!(method.json()["error"], "method_not_allowed");
 }
+
+#[test]
+fn every_bad_parameter_is_400_with_a_json_error_never_500() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let server = Server::start(&lake, &[], dir.path());
+    let lease = "/api/v1/leases/orders%2Forder-123";
+    // (what is sent, a word the message must hold)
+    let gets = [
+        // Times: not a time, out of what a timestamp holds, duplicated.
+        (
+            format!("{lease}/timeline?from=yesterday"),
+            "neither RFC 3339",
+        ),
+        (format!("{lease}/timeline?to=1e3"), "neither RFC 3339"),
+        (
+            format!("{lease}/timeline.svg?from=9223372036854775"),
+            "out of range",
+        ),
+        (
+            format!("{lease}/timeline.svg?from=-9223372036854775&to=9223372036854775"),
+            "out of range",
+        ),
+        (
+            format!("{lease}/timeline?from=99999999999999999999"),
+            "neither RFC 3339",
+        ),
+        (
+            "/api/v1/violations?to=-9223372036854775".to_string(),
+            "out of range",
+        ),
+        ("/api/v1/violations?from=1&from=2".to_string(), "duplicate"),
+        (
+            format!("{lease}/timeline.svg?from=2026-09-14T11:00:00Z&to=2026-09-14T10:00:00Z"),
+            "the range is empty",
+        ),
+        // Lease ids that are not UTF-8.
+        ("/api/v1/leases/%FF/timeline".to_string(), "UTF-8"),
+        ("/api/v1/leases/%FF/timeline.svg".to_string(), "UTF-8"),
+        // Unknown kinds and parameters (a limit is not one).
+        (
+            "/api/v1/violations?kind=nope".to_string(),
+            "unknown violation kind",
+        ),
+        ("/api/v1/violations?limit=10".to_string(), "limit"),
+        (format!("{lease}/timeline?format=csv"), "format"),
+    ];
+    for (path, word) in &gets {
+        let r = server.get(path);
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert_eq!(r.json()["error"], "bad_request", "{path}");
+        let message = r.json()["message"].as_str().unwrap().to_string();
+        assert!(message.contains(word), "{path}: {message}");
+    }
+    // Bodies: JSON of the wrong shape, unknown fields, not JSON at all.
+    for body in [
+        "{\"query\": 5}",
+        "[1]",
+        "",
+        "{\"query\":\"SELECT 1\",\"x\":1}",
+        "{",
+    ] {
+        let r = server.sql(body, &["-H", "Content-Type: application/json"]);
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert!(
+            r.json()["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("request body: "),
+            "{body}: {}",
+            r.text()
+        );
+    }
+    // Queries whose values are refused once computed, and bad limits.
+    for q in [
+        "SELECT 1/0",
+        "SELECT CAST('x' AS INT)",
+        "SELECT to_timestamp('garbage')",
+        "SELECT make_date(2026, 13, 1)",
+        "SELECT date_trunc('fortnight', now())",
+        "SELECT regexp_like('a', '(')",
+        "SELECT substr('abc', 1, -1)",
+        "SELECT arrow_cast(1, 'Nope')",
+        "SELECT * FROM lease_events LIMIT -1",
+        "SELECT * FROM lease_events LIMIT 'ten'",
+    ] {
+        let r = server.sql(q, &[]);
+        assert_eq!(r.status, 400, "{q}: {}", r.text());
+        assert_eq!(r.json()["error"], "bad_request", "{q}");
+    }
+    // The server is unharmed.
+    let n = server.sql("SELECT count(*) AS n FROM lease_events", &[]);
+    assert_eq!(n.json()[0]["n"], 84);
+}

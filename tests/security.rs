@@ -741,6 +741,72 @@ fn slow_readers_of_large_results_hold_little_memory_and_free_their_places() {
     let peak = peak_rss(&server);
     assert!(peak < 512 << 20, "peak RSS {} MiB", peak >> 20);
     assert!(server.proc.running(), "{}", server.proc.logs());
+
+#[test]
+fn an_empty_password_of_any_postgres_user_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let empty_file = dir.path().join("empty.pw");
+    std::fs::write(&empty_file, "\n").unwrap();
+    // PostgreSQL's verifier of the empty password, made apart from leaseline.
+    let script = r#"
+import base64, hashlib, hmac
+salt, i = b"0123456789abcdef", 4096
+salted = hashlib.pbkdf2_hmac("sha256", b"", salt, i)
+stored = hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
+server = hmac.new(salted, b"Server Key", "sha256").digest()
+b = lambda x: base64.b64encode(x).decode()
+print(f"SCRAM-SHA-256${i}:{b(salt)}${b(stored)}:{b(server)}")
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .output()
+        .unwrap();
+    let empty_verifier = text(&out.stdout).trim().to_string();
+    for (user, expected) in [
+        (
+            format!("name = \"sre\"\npassword_file = {:?}", empty_file.to_str().unwrap()),
+            "error: serve.pg_users: the password of user \"sre\" is empty: set a real one (its scram verifier or password_file)",
+        ),
+        (
+            format!("name = \"grafana\"\nscram = \"{empty_verifier}\""),
+            "error: serve.pg_users: the password of user \"grafana\" is empty: set a real one (its scram verifier or password_file)",
+        ),
+        (
+            "name = \"nobody\"".to_string(),
+            "error: serve.pg_users: user \"nobody\" needs one of scram (a verifier: `leaseline pg-verifier` prints one) or password_file",
+        ),
+    ] {
+        let users = dir.path().join("users.toml");
+        std::fs::write(&users, format!("[[users]]\n{user}\n")).unwrap();
+        let out = leaseline()
+            .args(["serve", "--lake"])
+            .arg(&lake)
+            .args(["--http-listen", "127.0.0.1:0", "--pg-listen", "127.0.0.1:0"])
+            .arg("--pg-users-file")
+            .arg(&users)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{user}");
+        assert_eq!(
+            text(&out.stderr).lines().find(|l| l.starts_with("error:")).unwrap_or(""),
+            expected
+        );
+    }
+    // pg-verifier refuses to make one.
+    let mut child = leaseline()
+        .arg("pg-verifier")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "error: the password is empty: give a real one on standard input"
+    );
 }
 
 /// One raw HTTP/1.1 request on a new connection; the whole answer, and
