@@ -741,6 +741,7 @@ fn slow_readers_of_large_results_hold_little_memory_and_free_their_places() {
     let peak = peak_rss(&server);
     assert!(peak < 512 << 20, "peak RSS {} MiB", peak >> 20);
     assert!(server.proc.running(), "{}", server.proc.logs());
+}
 
 #[test]
 fn an_empty_password_of_any_postgres_user_refuses_to_start() {
