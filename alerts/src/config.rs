@@ -4,6 +4,8 @@
 //! `docs/event-contract.md`); [`AlertsConfig::validate`] refuses
 //! impossible values at start-up with a message naming the field.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -84,30 +86,153 @@ impl Default for AlertsConfig {
     }
 }
 
-/// One destination for alerts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, tag = "type", rename_all = "snake_case")]
-pub enum ReceiverConfig {
+/// What a receiver speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReceiverKind {
     /// Prometheus Alertmanager: `POST {url}/api/v2/alerts`.
-    Alertmanager {
-        /// A name for logs and metrics.
-        name: String,
-        /// Alertmanager's base URL, e.g. `http://127.0.0.1:9093`.
-        url: Url,
-    },
+    Alertmanager,
     /// A generic JSON webhook, in Alertmanager's webhook format (version 4).
-    Webhook { name: String, url: Url },
+    Webhook,
+}
+
+/// One destination for alerts (`[[alerts.receivers]]`).
+///
+/// Secrets are named by file, never written here: the configuration can be
+/// shown, logged and kept in version control, and the files are read when
+/// delivery starts and again before each attempt, so a rotated password or
+/// token is picked up without a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiverConfig {
+    #[serde(rename = "type")]
+    pub kind: ReceiverKind,
+    /// A name for logs and metrics.
+    pub name: String,
+    /// Alertmanager's base URL (e.g. `https://alertmanager:9093`), or the
+    /// webhook's URL.
+    pub url: Url,
+    /// Labels added to every alert sent to this receiver, e.g.
+    /// `{ cluster = "eu-1", env = "prod" }`. They cannot replace an
+    /// alert's own labels. Default none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// HTTP basic authentication. Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<BasicAuth>,
+    /// A file whose first line is sent as `Authorization: Bearer <token>`.
+    /// Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_file: Option<PathBuf>,
+    /// Whom to trust and who to be over HTTPS. Default: the system's
+    /// trusted roots, no client certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ReceiverTls>,
+}
+
+/// `basic_auth = { username = "...", password_file = "..." }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuth {
+    pub username: String,
+    /// A file whose first line is the password.
+    pub password_file: PathBuf,
+}
+
+/// A receiver's TLS settings.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReceiverTls {
+    /// PEM certificates of the CAs to trust for this receiver, instead of
+    /// the system's roots (a private CA).
+    pub ca_file: Option<PathBuf>,
+    /// A PEM client certificate (chain) to present, for mutual TLS.
+    pub cert_file: Option<PathBuf>,
+    /// The PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
 }
 
 impl ReceiverConfig {
-    pub fn name(&self) -> &str {
-        match self {
-            ReceiverConfig::Alertmanager { name, .. } | ReceiverConfig::Webhook { name, .. } => {
-                name
-            }
+    /// A receiver with no authentication, TLS settings or labels.
+    pub fn new(kind: ReceiverKind, name: impl Into<String>, url: Url) -> ReceiverConfig {
+        ReceiverConfig {
+            kind,
+            name: name.into(),
+            url,
+            labels: BTreeMap::new(),
+            basic_auth: None,
+            bearer_token_file: None,
+            tls: None,
         }
     }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn validate(&self) -> Result<()> {
+        let what = format!("alert receiver {:?}", self.name);
+        if !self.url.password().unwrap_or("").is_empty() || !self.url.username().is_empty() {
+            // A URL is logged and shown in errors: credentials in it would be too.
+            return Err(AlertError::Config(format!(
+                "{what}: the url carries credentials; put them in basic_auth (username, password_file) instead"
+            )));
+        }
+        if self.basic_auth.is_some() && self.bearer_token_file.is_some() {
+            return Err(AlertError::Config(format!(
+                "{what}: basic_auth and bearer_token_file both set; choose one"
+            )));
+        }
+        if let Some(b) = &self.basic_auth {
+            if b.username.is_empty() || b.username.contains(':') {
+                return Err(AlertError::Config(format!(
+                    "{what}: basic_auth.username must be non-empty and without ':'"
+                )));
+            }
+        }
+        if let Some(tls) = &self.tls {
+            if tls.cert_file.is_some() != tls.key_file.is_some() {
+                return Err(AlertError::Config(format!(
+                    "{what}: tls.cert_file and tls.key_file go together"
+                )));
+            }
+        }
+        for (name, value) in &self.labels {
+            let mut chars = name.chars();
+            let valid = chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid || name.starts_with("__") {
+                return Err(AlertError::Config(format!(
+                    "{what}: {name:?} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
+                )));
+            }
+            if ALERT_LABELS.contains(&name.as_str()) {
+                return Err(AlertError::Config(format!(
+                    "{what}: the label {name:?} is an alert's own; choose another name"
+                )));
+            }
+            if value.is_empty() {
+                // Alertmanager drops empty labels: the alert would arrive without it.
+                return Err(AlertError::Config(format!(
+                    "{what}: the label {name:?} is empty"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
+
+/// The labels alerts set themselves ([`crate::Alert::labels`]).
+pub(crate) const ALERT_LABELS: [&str; 6] = [
+    "alertname",
+    "severity",
+    "lease_id",
+    "holder_id",
+    "backend",
+    "kind",
+];
 
 /// The built-in rules.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -382,6 +507,7 @@ impl AlertsConfig {
         }
         let mut names = std::collections::HashSet::new();
         for rc in &self.receivers {
+            rc.validate()?;
             if !names.insert(rc.name()) {
                 return Err(AlertError::Config(format!(
                     "two alert receivers are named {:?}",

@@ -29,8 +29,8 @@ mod text;
 
 pub use crate::alert::{Alert, AlertKey, AlertName, AlertState};
 pub use crate::config::{
-    AlertsConfig, ChurnRule, EventRule, LatencyRule, MetricsConfig, ReceiverConfig,
-    RenewalFailureRule, RulesConfig, Severity, ViolationRule,
+    AlertsConfig, BasicAuth, ChurnRule, EventRule, LatencyRule, MetricsConfig, ReceiverConfig,
+    ReceiverKind, ReceiverTls, RenewalFailureRule, RulesConfig, Severity, ViolationRule,
 };
 pub use crate::engine::AlertEngine;
 pub use crate::error::{AlertError, Result};

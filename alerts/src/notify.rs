@@ -12,7 +12,14 @@
 //! resolved only. Only when the outbox holds `queue_capacity` distinct
 //! updates is the oldest dropped, counted in
 //! `leaseline_alert_queue_overflow_total` and logged.
+//!
+//! Each receiver also has its own HTTP client (its trusted CA, its client
+//! certificate) and its own credentials, read from files. A secret is held
+//! as a [`Secret`], which no `Debug` or `Display` shows, and is sent only
+//! in a header reqwest marks sensitive.
 
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +30,8 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::alert::{Alert, AlertState};
-use crate::config::ReceiverConfig;
+use crate::config::{ReceiverConfig, ReceiverKind};
+use crate::error::{AlertError, Result};
 use crate::metrics::LeaseMetrics;
 
 const MAX_BATCH: usize = 500;
@@ -40,8 +48,154 @@ fn rfc3339(us: i64) -> String {
 /// One queued update: whether it says firing, and what is sent.
 type Update = (bool, Value);
 
+/// A password or token read from a file.
+struct Secret(String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// Reads the first line of a secret file. Errors name the file, never
+/// its content.
+fn read_secret(path: &Path, what: &str) -> std::result::Result<Secret, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("reading the {what} file {}: {e}", path.display()))?;
+    let line = text.lines().next().unwrap_or("");
+    if line.is_empty() {
+        return Err(format!("the {what} file {} is empty", path.display()));
+    }
+    Ok(Secret(line.to_string()))
+}
+
+/// How a receiver authenticates; the secrets are read before each attempt,
+/// so a rotated one is used without a restart.
+#[derive(Debug)]
+enum Auth {
+    None,
+    Basic {
+        username: String,
+        password_file: PathBuf,
+    },
+    Bearer {
+        token_file: PathBuf,
+    },
+}
+
+impl Auth {
+    fn of(cfg: &ReceiverConfig) -> Auth {
+        if let Some(b) = &cfg.basic_auth {
+            Auth::Basic {
+                username: b.username.clone(),
+                password_file: b.password_file.clone(),
+            }
+        } else if let Some(t) = &cfg.bearer_token_file {
+            Auth::Bearer {
+                token_file: t.clone(),
+            }
+        } else {
+            Auth::None
+        }
+    }
+
+    /// Reads the secret once, to fail at start-up rather than at the
+    /// first alert.
+    fn check(&self) -> std::result::Result<(), String> {
+        match self {
+            Auth::None => Ok(()),
+            Auth::Basic { password_file, .. } => {
+                read_secret(password_file, "basic_auth password").map(drop)
+            }
+            Auth::Bearer { token_file } => read_secret(token_file, "bearer token").map(drop),
+        }
+    }
+
+    fn apply(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> std::result::Result<reqwest::RequestBuilder, String> {
+        Ok(match self {
+            Auth::None => req,
+            Auth::Basic {
+                username,
+                password_file,
+            } => {
+                let password = read_secret(password_file, "basic_auth password")?;
+                req.basic_auth(username, Some(password.0))
+            }
+            Auth::Bearer { token_file } => {
+                let token = read_secret(token_file, "bearer token")?;
+                req.bearer_auth(token.0)
+            }
+        })
+    }
+}
+
+/// The HTTP client of one receiver: the system's roots, or only its own
+/// CA; its client certificate for mutual TLS.
+fn client_for(cfg: &ReceiverConfig) -> Result<reqwest::Client> {
+    let err = |m: String| AlertError::Config(format!("alert receiver {:?}: {m}", cfg.name));
+    let read = |p: &Path, what: &str| {
+        std::fs::read(p).map_err(|e| err(format!("reading {what} {}: {e}", p.display())))
+    };
+    let mut b = reqwest::Client::builder().timeout(Duration::from_secs(10));
+    if let Some(tls) = &cfg.tls {
+        if let Some(ca) = &tls.ca_file {
+            let certs = reqwest::Certificate::from_pem_bundle(&read(ca, "tls.ca_file")?)
+                .map_err(|e| err(format!("tls.ca_file {}: {e}", ca.display())))?;
+            if certs.is_empty() {
+                return Err(err(format!(
+                    "tls.ca_file {} holds no PEM certificate",
+                    ca.display()
+                )));
+            }
+            // Like Prometheus's ca_file: a private receiver is trusted
+            // through its own CA only.
+            b = b.tls_built_in_root_certs(false);
+            for c in certs {
+                b = b.add_root_certificate(c);
+            }
+        }
+        if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+            let mut pem = read(cert, "tls.cert_file")?;
+            pem.push(b'\n');
+            pem.extend(read(key, "tls.key_file")?);
+            let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                err(format!(
+                    "tls.cert_file {} with tls.key_file {}: {e}",
+                    cert.display(),
+                    key.display()
+                ))
+            })?;
+            b = b.identity(id);
+        }
+    }
+    b.build()
+        .map_err(|e| err(format!("building its HTTP client: {}", chain(&e))))
+}
+
+/// An error and its causes on one line: reqwest's own message ("error
+/// sending request") says nothing of a refused certificate or a reset
+/// connection, its sources do.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let part = s.to_string();
+        if !msg.contains(&part) {
+            msg.push_str(": ");
+            msg.push_str(&part);
+        }
+        src = s.source();
+    }
+    msg
+}
+
 struct Outbox {
     cfg: ReceiverConfig,
+    client: reqwest::Client,
+    auth: Auth,
     capacity: usize,
     queue: Mutex<IndexMap<String, Update>>,
     wake: Notify,
@@ -79,35 +233,39 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    /// Starts one delivery task per receiver.
+    /// Starts one delivery task per receiver. Fails, before starting any,
+    /// when a receiver's CA, client certificate or secret file cannot be
+    /// read: better at start-up than at the first alert.
     pub fn start(
         receivers: &[ReceiverConfig],
         capacity: usize,
         resend_interval: Duration,
         metrics: Option<LeaseMetrics>,
-    ) -> Notifier {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap_or_default();
+    ) -> Result<Notifier> {
         let mut outboxes = Vec::new();
-        let mut tasks = Vec::new();
         for cfg in receivers {
-            let outbox = Arc::new(Outbox {
+            let auth = Auth::of(cfg);
+            auth.check()
+                .map_err(|e| AlertError::Config(format!("alert receiver {:?}: {e}", cfg.name)))?;
+            outboxes.push(Arc::new(Outbox {
                 cfg: cfg.clone(),
+                client: client_for(cfg)?,
+                auth,
                 capacity,
                 queue: Mutex::new(IndexMap::new()),
                 wake: Notify::new(),
                 metrics: metrics.clone(),
-            });
-            tasks.push(tokio::spawn(deliver(outbox.clone(), client.clone())));
-            outboxes.push(outbox);
+            }));
         }
-        Notifier {
+        let tasks = outboxes
+            .iter()
+            .map(|o| tokio::spawn(deliver(o.clone())))
+            .collect();
+        Ok(Notifier {
             outboxes,
             tasks,
             resend_interval,
-        }
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -122,10 +280,14 @@ impl Notifier {
         for a in alerts.iter().filter(|a| a.state != AlertState::Pending) {
             let fp = a.fingerprint();
             for o in &self.outboxes {
-                let payload = match o.cfg {
-                    ReceiverConfig::Alertmanager { .. } => self.alertmanager_alert(a, now_us),
-                    ReceiverConfig::Webhook { .. } => self.webhook_alert(a, &fp, now_us),
+                let mut payload = match o.cfg.kind {
+                    ReceiverKind::Alertmanager => self.alertmanager_alert(a, now_us),
+                    ReceiverKind::Webhook => self.webhook_alert(a, &fp, now_us),
                 };
+                // Validation keeps these from replacing the alert's own.
+                for (k, v) in &o.cfg.labels {
+                    payload["labels"][k] = Value::String(v.clone());
+                }
                 o.put(fp.clone(), a.state == AlertState::Firing, payload);
             }
         }
@@ -237,7 +399,7 @@ fn next_batch(q: &IndexMap<String, Update>) -> Vec<(String, Update)> {
         .collect()
 }
 
-async fn deliver(outbox: Arc<Outbox>, client: reqwest::Client) {
+async fn deliver(outbox: Arc<Outbox>) {
     let name = outbox.cfg.name().to_string();
     let mut backoff = Duration::from_millis(100);
     let mut failures = 0u64;
@@ -247,8 +409,9 @@ async fn deliver(outbox: Arc<Outbox>, client: reqwest::Client) {
             outbox.wake.notified().await;
             continue;
         }
-        let (url, body) = match &outbox.cfg {
-            ReceiverConfig::Alertmanager { url, .. } => {
+        let url = &outbox.cfg.url;
+        let (url, body) = match outbox.cfg.kind {
+            ReceiverKind::Alertmanager => {
                 let mut u = url.clone();
                 u.path_segments_mut()
                     .map(|mut p| {
@@ -260,7 +423,7 @@ async fn deliver(outbox: Arc<Outbox>, client: reqwest::Client) {
                     Value::Array(batch.iter().map(|(_, (_, v))| v.clone()).collect()),
                 )
             }
-            ReceiverConfig::Webhook { url, .. } => {
+            ReceiverKind::Webhook => {
                 let alerts: Vec<Value> = batch.iter().map(|(_, (_, v))| v.clone()).collect();
                 let firing = alerts.iter().any(|a| a["status"] == "firing");
                 (
@@ -274,18 +437,28 @@ async fn deliver(outbox: Arc<Outbox>, client: reqwest::Client) {
                 )
             }
         };
-        let result = client.post(url.clone()).json(&body).send().await;
+        let request = outbox.auth.apply(outbox.client.post(url.clone()).json(&body));
+        let result = match request {
+            Ok(r) => r.send().await.map_err(|e| chain(&e)),
+            Err(e) => Err(e),
+        };
         let ok = match result {
             Ok(r) if r.status().is_success() => true,
             Ok(r) => {
                 let status = r.status();
                 let text = r.text().await.unwrap_or_default();
-                warn!(receiver = %name, %status, body = %text.chars().take(300).collect::<String>(), "alert delivery refused");
+                let hint = match status.as_u16() {
+                    401 | 403 => " (check the receiver's basic_auth or bearer_token_file)",
+                    _ => "",
+                };
+                if failures == 0 || failures.is_multiple_of(20) {
+                    warn!(receiver = %name, %url, %status, body = %text.chars().take(300).collect::<String>(), retry_in = ?backoff, "alert delivery refused{hint}");
+                }
                 false
             }
-            Err(e) => {
+            Err(error) => {
                 if failures == 0 || failures.is_multiple_of(20) {
-                    warn!(receiver = %name, error = %e, retry_in = ?backoff, "alert delivery failed");
+                    warn!(receiver = %name, %url, %error, retry_in = ?backoff, "alert delivery failed");
                 }
                 false
             }

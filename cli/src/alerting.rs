@@ -10,6 +10,7 @@ use leaseline_alerts::clock::PartitionKey;
 use leaseline_alerts::live::LiveInput;
 use leaseline_alerts::{
     live, Alert, AlertEngine, AlertHistory, AlertState, LeaseMetrics, Notifier, ReceiverConfig,
+    ReceiverKind,
 };
 use leaseline_ingest::{EventTap, IngestMetrics, InputPartition, Tapped};
 use leaseline_lake::Lake;
@@ -51,16 +52,18 @@ pub struct AlertArgs {
 impl AlertArgs {
     pub fn apply(&self, cfg: &mut Config) -> anyhow::Result<()> {
         for (i, url) in self.alertmanager.iter().enumerate() {
-            cfg.alerts.receivers.push(ReceiverConfig::Alertmanager {
-                name: format!("alertmanager-flag-{i}"),
-                url: url.clone(),
-            });
+            cfg.alerts.receivers.push(ReceiverConfig::new(
+                ReceiverKind::Alertmanager,
+                format!("alertmanager-flag-{i}"),
+                url.clone(),
+            ));
         }
         for (i, url) in self.webhook.iter().enumerate() {
-            cfg.alerts.receivers.push(ReceiverConfig::Webhook {
-                name: format!("webhook-flag-{i}"),
-                url: url.clone(),
-            });
+            cfg.alerts.receivers.push(ReceiverConfig::new(
+                ReceiverKind::Webhook,
+                format!("webhook-flag-{i}"),
+                url.clone(),
+            ));
         }
         if let Some(l) = self.alert_lateness {
             cfg.alerts.lateness = l;
@@ -163,7 +166,7 @@ pub fn start_live(
     cfg: &Config,
     lake: Lake,
     metrics: LeaseMetrics,
-) -> (EventTap, tokio::task::JoinHandle<()>) {
+) -> anyhow::Result<(EventTap, tokio::task::JoinHandle<()>)> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<LiveInput>();
     let engine = AlertEngine::new(cfg.alerts.clone(), cfg.audit, Some(metrics.clone()));
     let notifier = Notifier::start(
@@ -171,7 +174,7 @@ pub fn start_live(
         cfg.alerts.queue_capacity,
         cfg.alerts.resend_interval,
         Some(metrics),
-    );
+    )?;
     info!(
         receivers = cfg.alerts.receivers.len(),
         lateness = %humantime::format_duration(cfg.alerts.lateness),
@@ -202,7 +205,7 @@ pub fn start_live(
         // happens after ingest.
         let _ = tx.send(input);
     });
-    (tap, task)
+    Ok((tap, task))
 }
 
 /// A replay engine fed through ingest's tap, for `import`.
@@ -242,7 +245,7 @@ pub async fn finish_replay(
             cfg.alerts.queue_capacity,
             cfg.alerts.resend_interval,
             None,
-        );
+        )?;
         notifier.send(&changes, now);
         let left = notifier.shutdown(Duration::from_secs(30)).await;
         if left > 0 {

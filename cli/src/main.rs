@@ -229,6 +229,14 @@ struct IngestArgs {
         hide_env_values = true
     )]
     kafka_properties: Vec<String>,
+    /// A librdkafka property read from the first line of a file,
+    /// `key=path` (repeatable), for secrets: `sasl.password=/run/secrets/kafka`.
+    #[arg(
+        long = "kafka-property-file",
+        env = "LEASELINE_KAFKA_PROPERTY_FILES",
+        value_delimiter = ';'
+    )]
+    kafka_property_files: Vec<String>,
     /// Do not compact or vacuum in the background.
     #[arg(long, env = "LEASELINE_NO_COMPACTION")]
     no_compaction: bool,
@@ -256,6 +264,14 @@ impl IngestArgs {
             cfg.kafka
                 .properties
                 .insert(k.trim().into(), v.trim().into());
+        }
+        for p in self.kafka_property_files.iter().filter(|p| !p.is_empty()) {
+            let (k, path) = p
+                .split_once('=')
+                .with_context(|| format!("--kafka-property-file {p:?} is not key=path"))?;
+            cfg.kafka
+                .property_files
+                .insert(k.trim().into(), path.trim().into());
         }
         if self.no_compaction {
             cfg.compaction.enabled = false;

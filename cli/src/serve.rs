@@ -313,8 +313,12 @@ pub async fn run(
     // The alert engine sees every event ingest accepts, as it is consumed;
     // it stops when ingest has stopped and dropped its tap.
     let mut alerts = None;
-    let mut ingest = live.then(|| {
-        let (tap, task) = alerting::start_live(&cfg, lake.clone(), lease_metrics.clone());
+    let engine_tap = if live {
+        Some(alerting::start_live(&cfg, lake.clone(), lease_metrics.clone())?)
+    } else {
+        None
+    };
+    let mut ingest = engine_tap.map(|(tap, task)| {
         alerts = Some(task);
         let hooks = IngestHooks {
             pending: pending.clone(),

@@ -2,6 +2,8 @@
 //! types with units in their names; unknown keys are an error.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytesize::ByteSize;
@@ -63,7 +65,7 @@ impl Default for CompactionConfig {
 }
 
 /// The Kafka source.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// Bootstrap brokers, `host:port[,host:port...]`.
@@ -75,6 +77,43 @@ pub struct KafkaConfig {
     /// Extra librdkafka properties passed through as they are (TLS, SASL,
     /// timeouts), e.g. `"security.protocol" = "SASL_SSL"`.
     pub properties: BTreeMap<String, String>,
+    /// librdkafka properties whose value is the first line of a file, for
+    /// secrets that should sit in neither the configuration nor the
+    /// environment, e.g. `"sasl.password" = "/run/secrets/kafka"`. Read
+    /// when the consumer is created.
+    pub property_files: BTreeMap<String, PathBuf>,
+}
+
+/// Whether a librdkafka property holds a secret: its value is shown
+/// nowhere (`Debug`, logs, errors).
+pub fn is_secret_property(key: &str) -> bool {
+    key.contains("password")
+        || key.contains("secret")
+        || matches!(key, "ssl.key.pem" | "sasl.oauthbearer.config")
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let v = if is_secret_property(k) {
+                    "<redacted>"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), v)
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("topics", &self.topics)
+            .field("group_id", &self.group_id)
+            .field("properties", &properties)
+            .field("property_files", &self.property_files)
+            .finish()
+    }
 }
 
 impl Default for KafkaConfig {
@@ -84,6 +123,7 @@ impl Default for KafkaConfig {
             topics: vec!["lease-events".into()],
             group_id: "leaseline".into(),
             properties: BTreeMap::new(),
+            property_files: BTreeMap::new(),
         }
     }
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
@@ -32,7 +32,7 @@ use tracing::{error, info, warn};
 use leaseline_lake::Lake;
 use leaseline_schema::Origin;
 
-use crate::config::{FlushPolicy, KafkaConfig};
+use crate::config::{is_secret_property, FlushPolicy, KafkaConfig};
 use crate::error::{IngestError, Result};
 use crate::hooks::{IngestHooks, IngestMetrics, InputPartition, Tapped};
 use crate::writer::{LakeWriter, WriterStats};
@@ -290,7 +290,41 @@ pub fn client_config(cfg: &KafkaConfig) -> Result<ClientConfig> {
     for (k, v) in &cfg.properties {
         c.set(k, v);
     }
+    for (k, path) in &cfg.property_files {
+        if cfg.properties.contains_key(k) {
+            return Err(IngestError::Config(format!(
+                "kafka property {k} is given twice, in kafka.properties and kafka.property_files"
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            IngestError::Config(format!(
+                "reading kafka property {k} from {}: {e}",
+                path.display()
+            ))
+        })?;
+        let value = text.lines().next().unwrap_or("");
+        if value.is_empty() {
+            return Err(IngestError::Config(format!(
+                "kafka property {k}: the file {} is empty",
+                path.display()
+            )));
+        }
+        c.set(k, value);
+    }
     Ok(c)
+}
+
+/// librdkafka's refusal of a property names its value; a secret's (a
+/// password under a misspelt key, say) must not reach the log.
+fn redacted(e: KafkaError, cfg: &KafkaConfig) -> KafkaError {
+    match e {
+        KafkaError::ClientConfig(res, desc, key, _)
+            if is_secret_property(&key) || cfg.property_files.contains_key(&key) =>
+        {
+            KafkaError::ClientConfig(res, desc, key, "<redacted>".into())
+        }
+        e => e,
+    }
 }
 
 /// Consumes until `stop` is set, then stops in order: stop consuming,
@@ -316,7 +350,9 @@ pub async fn run(
         resume: ResumePoints::default(),
         metrics: hooks.metrics,
     };
-    let consumer: BaseConsumer<IngestContext> = client_config(cfg)?.create_with_context(ctx)?;
+    let consumer: BaseConsumer<IngestContext> = client_config(cfg)?
+        .create_with_context(ctx)
+        .map_err(|e| redacted(e, cfg))?;
     let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     info!(brokers = %cfg.brokers, topics = ?cfg.topics, group = %cfg.group_id, "consuming");
@@ -411,6 +447,93 @@ fn consume_loop(
 pub fn check_brokers(cfg: &KafkaConfig, timeout: Duration) -> KafkaResult<usize> {
     let probe: BaseConsumer = client_config(cfg)
         .map_err(|e| rdkafka::error::KafkaError::ClientCreation(e.to_string()))?
-        .create()?;
+        .create()
+        .map_err(|e| redacted(e, cfg))?;
     Ok(probe.fetch_metadata(None, timeout)?.brokers().len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWORD: &str = "s3cr3t-kafka-pw";
+
+    fn with_password_file(dir: &std::path::Path) -> KafkaConfig {
+        let file = dir.join("kafka-password");
+        std::fs::write(&file, format!("{PASSWORD}\nignored second line\n")).unwrap();
+        let mut cfg = KafkaConfig::default();
+        cfg.properties
+            .insert("security.protocol".into(), "SASL_SSL".into());
+        cfg.property_files.insert("sasl.password".into(), file);
+        cfg
+    }
+
+    #[test]
+    fn a_property_file_sets_the_property_to_its_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = with_password_file(dir.path());
+        let c = client_config(&cfg).unwrap();
+        assert_eq!(c.get("sasl.password"), Some(PASSWORD));
+        assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
+        // Neither the configuration nor librdkafka's shows it.
+        assert!(!format!("{cfg:?}").contains(PASSWORD));
+        assert!(!format!("{c:?}").contains(PASSWORD));
+    }
+
+    #[test]
+    fn a_secret_given_inline_is_not_shown_by_debug() {
+        let mut cfg = KafkaConfig::default();
+        cfg.properties
+            .insert("sasl.password".into(), PASSWORD.into());
+        cfg.properties
+            .insert("ssl.key.password".into(), PASSWORD.into());
+        cfg.properties.insert("client.id".into(), "visible".into());
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains(PASSWORD), "{shown}");
+        assert!(shown.contains("\"sasl.password\": \"<redacted>\""), "{shown}");
+        assert!(shown.contains("visible"), "{shown}");
+    }
+
+    #[test]
+    fn a_missing_empty_or_doubled_property_file_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = KafkaConfig::default();
+        cfg.property_files
+            .insert("sasl.password".into(), dir.path().join("absent"));
+        let err = client_config(&cfg).unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid configuration: reading kafka property sasl.password from ")
+                && err.contains("absent"),
+            "{err}"
+        );
+
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        cfg.property_files.insert("sasl.password".into(), empty);
+        let err = client_config(&cfg).unwrap_err().to_string();
+        assert!(err.contains("is empty"), "{err}");
+
+        let mut cfg = with_password_file(dir.path());
+        cfg.properties.insert("sasl.password".into(), "x".into());
+        let err = client_config(&cfg).unwrap_err().to_string();
+        assert!(err.contains("given twice"), "{err}");
+    }
+
+    #[test]
+    fn librdkafka_refusing_a_file_property_does_not_print_its_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = with_password_file(dir.path());
+        // A misspelt key: librdkafka's error names the key and the value.
+        let path = cfg.property_files.remove("sasl.password").unwrap();
+        cfg.property_files.insert("sasl.pasword".into(), path);
+        let err = client_config(&cfg)
+            .unwrap()
+            .create::<BaseConsumer>()
+            .map(drop)
+            .map_err(|e| redacted(e, &cfg))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sasl.pasword"), "{err}");
+        assert!(!err.contains(PASSWORD), "{err}");
+    }
 }

@@ -24,7 +24,7 @@ pub mod import;
 pub mod kafka;
 mod writer;
 
-pub use crate::config::{CompactionConfig, FlushPolicy, KafkaConfig};
+pub use crate::config::{is_secret_property, CompactionConfig, FlushPolicy, KafkaConfig};
 pub use crate::error::{IngestError, Result};
 pub use crate::hooks::{EventTap, IngestHooks, IngestMetrics, InputPartition, Tapped};
 pub use crate::writer::{FlushReport, LakeWriter, Pushed, WriterStats};
