@@ -16,7 +16,10 @@
 #   - the jsonschema package for Python, which checks
 #     docs/lease-event.schema.json against the decoder;
 #   - psycopg for Python, the client whose cancel request the PostgreSQL
-#     tests send.
+#     tests send;
+#   - the bcrypt package for Python and the openssl command: the alert
+#     tests put Alertmanager behind basic auth (bcrypt-hashed in its web
+#     configuration) and TLS with certificates of a private CA made there.
 # Before any of that it makes sure the build itself can run (README.md,
 # "Building"): Rust at least the workspace's rust-version, which it cannot
 # install, and the Debian packages of a C toolchain, pkg-config, the OpenSSL
@@ -117,8 +120,14 @@ if ! python3 -c "import jsonschema" >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check jsonschema
 fi
 
+if ! python3 -c "import bcrypt" >/dev/null 2>&1; then
+  echo "== installing bcrypt for python =="
+  python3 -m pip install --quiet --disable-pip-version-check bcrypt
+fi
+
 missing=()
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v prlimit >/dev/null 2>&1 || missing+=(util-linux)

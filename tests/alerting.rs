@@ -745,3 +745,197 @@ async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() 
 async fn a_partition_produced_after_the_others_settled_alerts_exactly_what_check_finds() {
     a_burst_alerts_exactly_what_check_finds(Layout::OnePartitionLate).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn alertmanager_behind_tls_and_basic_auth_gets_alerts_with_static_labels() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 1).await;
+    let pki = Pki::new(dir.path(), "private");
+    let password = "am-pass-7f3c9e";
+    let am = Alertmanager::start_secured(dir.path(), &pki, "leaseline", password);
+    let right = dir.path().join("am-password");
+    std::fs::write(&right, format!("{password}\n")).unwrap();
+    let wrong = dir.path().join("am-wrong-password");
+    let wrong_password = "not-the-pass-41d8";
+    std::fs::write(&wrong, wrong_password).unwrap();
+    // A CA that did not sign Alertmanager's certificate.
+    let other = Pki::new(dir.path(), "other");
+
+    // Three receivers at the one Alertmanager: right, with a wrong
+    // password, and trusting the wrong CA. The first must not be held up
+    // by the other two.
+    let cfg = config(dir.path(), &[]);
+    let mut text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("window = \"4s\"", "window = \"10m\"");
+    for (name, password_file, ca) in [
+        ("am", &right, &pki.ca),
+        ("am-wrong-password", &wrong, &pki.ca),
+        ("am-untrusted", &right, &other.ca),
+    ] {
+        text.push_str(&format!(
+            r#"
+[[alerts.receivers]]
+type = "alertmanager"
+name = "{name}"
+url = "{url}"
+labels = {{ cluster = "eu-1", env = "test" }}
+basic_auth = {{ username = "leaseline", password_file = "{password_file}" }}
+tls = {{ ca_file = "{ca}" }}
+"#,
+            url = am.url,
+            password_file = password_file.display(),
+            ca = ca.display(),
+        ));
+    }
+    std::fs::write(&cfg, text).unwrap();
+    let server = serve_with_ingest(dir.path(), &broker, &cfg);
+    let t = now_ms();
+    produce(
+        &broker.producer(),
+        "leases",
+        &[
+            acquired(t - 2_000, "orders/private", "w-5", 4),
+            event(json!({"ts": t, "kind": "expired", "source": "coordinator",
+                "lease_id": "orders/private", "holder_id": "w-5", "fencing_token": 4, "backend": "etcd"})),
+        ],
+    )
+    .await;
+
+    let mut seen = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            seen = am.named("LeaseForcedExpiry");
+            !seen.is_empty()
+        }),
+        "the alert never reached Alertmanager:\n{}",
+        server.proc.logs()
+    );
+    let alert = &seen[0];
+    assert_eq!(label(alert, "lease_id"), "orders/private");
+    assert_eq!(label(alert, "cluster"), "eu-1", "{alert:#}");
+    assert_eq!(label(alert, "env"), "test", "{alert:#}");
+
+    // The two broken receivers fail, are counted and say why; the server
+    // goes on.
+    let failures = "leaseline_alert_delivery_failures_total";
+    let mut page = String::new();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            page = server.get("/metrics").text();
+            metric(&page, &format!("{failures}{{receiver=\"am-wrong-password\"}}")) >= 1.0
+                && metric(&page, &format!("{failures}{{receiver=\"am-untrusted\"}}")) >= 1.0
+        }),
+        "{page}"
+    );
+    assert!(
+        metric(
+            &page,
+            "leaseline_alert_deliveries_total{receiver=\"am\"}"
+        ) >= 1.0,
+        "{page}"
+    );
+    assert_eq!(
+        metric(&page, &format!("{failures}{{receiver=\"am\"}}")),
+        0.0,
+        "{page}"
+    );
+    let logs = server.proc.logs();
+    let line = |receiver: &str| {
+        logs.lines()
+            .find(|l| l.contains(&format!("receiver={receiver} ")))
+            .unwrap_or_else(|| panic!("no log line of {receiver}:\n{logs}"))
+            .to_string()
+    };
+    let refused = line("am-wrong-password");
+    assert!(
+        refused.contains("alert delivery refused") && refused.contains("401"),
+        "{refused}"
+    );
+    assert!(refused.contains("basic_auth"), "{refused}");
+    let untrusted = line("am-untrusted");
+    assert!(
+        untrusted.contains("alert delivery failed")
+            && untrusted.contains("invalid peer certificate"),
+        "{untrusted}"
+    );
+    assert_eq!(server.get("/health").status, 200);
+    for secret in [password, wrong_password] {
+        assert!(!logs.contains(secret), "a password in the log:\n{logs}");
+        assert!(!page.contains(secret), "a password on /metrics");
+    }
+}
+
+#[test]
+fn a_webhook_over_mutual_tls_gets_the_bearer_token_and_the_labels() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "private");
+    let token = "hook-token-5b2e81";
+    let sink = HttpsSink::start(dir.path(), &pki, token);
+    let token_file = dir.path().join("hook-token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let (cert, key) = pki.issue("leaseline-client");
+    let cfg = dir.path().join("leaseline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+[[alerts.receivers]]
+type = "webhook"
+name = "bridge"
+url = "{url}/hook"
+labels = {{ cluster = "eu-1", env = "test" }}
+bearer_token_file = "{token_file}"
+[alerts.receivers.tls]
+ca_file = "{ca}"
+cert_file = "{cert}"
+key_file = "{key}"
+"#,
+            url = sink.url,
+            token_file = token_file.display(),
+            ca = pki.ca.display(),
+            cert = cert.display(),
+            key = key.display(),
+        ),
+    )
+    .unwrap();
+    // Replaying a forced expiry that happened just now: its alert is still
+    // firing when the replay ends, and --notify sends it.
+    let t = now_ms();
+    let events = dir.path().join("events.ndjson");
+    let lines: Vec<String> = [
+        acquired(t - 2_000, "pay/acct-1", "b-1", 7),
+        event(json!({"ts": t, "kind": "expired", "source": "coordinator",
+            "lease_id": "pay/acct-1", "holder_id": "b-1", "fencing_token": 7, "backend": "etcd"})),
+    ]
+    .into_iter()
+    .map(|(_, v)| String::from_utf8(v).unwrap())
+    .collect();
+    std::fs::write(&events, lines.join("\n") + "\n").unwrap();
+    let out = leaseline()
+        .args(["check", "--notify", "--config"])
+        .arg(&cfg)
+        .arg(&events)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(stderr.contains("LeaseForcedExpiry"), "{stderr}");
+    assert!(!stderr.contains(token), "the token in the output:\n{stderr}");
+
+    let requests = sink.requests();
+    let hook = requests
+        .iter()
+        .find(|r| r.path == "/hook")
+        .unwrap_or_else(|| panic!("requests: {requests:?}\n{stderr}"));
+    assert_eq!(hook.authorization.as_deref(), Some(&*format!("Bearer {token}")));
+    assert_eq!(hook.client.as_deref(), Some("leaseline-client"));
+    let body: Value = serde_json::from_str(&hook.body).unwrap();
+    let alert = &body["alerts"][0];
+    assert_eq!(alert["labels"]["alertname"], "LeaseForcedExpiry");
+    assert_eq!(alert["labels"]["lease_id"], "pay/acct-1");
+    assert_eq!(alert["labels"]["cluster"], "eu-1");
+    assert_eq!(alert["labels"]["env"], "test");
+}

@@ -113,10 +113,45 @@ impl Drop for Proc {
 pub struct Broker {
     pub addr: String,
     pub proc: Proc,
+    /// librdkafka properties every client of this broker needs (SASL).
+    pub client_properties: Vec<(String, String)>,
 }
 
 impl Broker {
     pub fn start(dir: &Path) -> Broker {
+        Broker::start_with(dir, &[], Vec::new())
+    }
+
+    /// A broker that requires SASL (`tansu broker --authentication`).
+    /// tansu 0.6 accepts PLAIN with any password (its PLAIN check only
+    /// asks that one is given), so these clients use PLAIN.
+    pub fn start_authenticated(dir: &Path, user: &str, password: &str) -> Broker {
+        let props = [
+            ("security.protocol", "SASL_PLAINTEXT"),
+            ("sasl.mechanism", "PLAIN"),
+            ("sasl.username", user),
+            ("sasl.password", password),
+        ];
+        Broker::start_with(
+            dir,
+            &["--authentication"],
+            props
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    fn client(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.addr);
+        for (k, v) in &self.client_properties {
+            c.set(k, v);
+        }
+        c
+    }
+
+    fn start_with(dir: &Path, extra: &[&str], client_properties: Vec<(String, String)>) -> Broker {
         let tansu = std::env::var("TANSU").unwrap_or_else(|_| "tansu".into());
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
@@ -130,6 +165,7 @@ impl Broker {
             "--storage-engine",
             "memory://tansu/",
         ])
+        .args(extra)
         .env("RUST_LOG", "warn");
         let proc = Proc::spawn("tansu", cmd, dir);
         let addr = format!("127.0.0.1:{port}");
@@ -142,14 +178,15 @@ impl Broker {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Broker { addr, proc }
+        Broker {
+            addr,
+            proc,
+            client_properties,
+        }
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", &self.addr)
-            .create()
-            .unwrap();
+        let admin: AdminClient<DefaultClientContext> = self.client().create().unwrap();
         let res = admin
             .create_topics(
                 &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
@@ -163,8 +200,7 @@ impl Broker {
     }
 
     pub fn producer(&self) -> FutureProducer {
-        ClientConfig::new()
-            .set("bootstrap.servers", &self.addr)
+        self.client()
             // One message per record batch. tansu 0.6 answers a fetch
             // that starts inside a batch with the batches after it only
             // (tansu-storage dynostore.rs `fetch`: `offsets.split_off(&offset)`
@@ -669,6 +705,10 @@ pub struct Alertmanager {
     pub port: u16,
     pub proc: Option<Proc>,
     dir: PathBuf,
+    /// `--web.config.file`, when it serves HTTPS with basic auth.
+    web_config: Option<PathBuf>,
+    /// What curl needs to reach it (the CA, the credentials).
+    curl_args: Vec<String>,
 }
 
 impl Alertmanager {
@@ -686,7 +726,46 @@ impl Alertmanager {
             port,
             proc: None,
             dir: dir.to_path_buf(),
+            web_config: None,
+            curl_args: Vec::new(),
         }
+    }
+
+    /// An Alertmanager serving HTTPS with a certificate of `pki` and
+    /// requiring basic auth as `user` with `password` (stored as a bcrypt
+    /// hash, as Alertmanager's web configuration wants it).
+    pub fn start_secured(dir: &Path, pki: &Pki, user: &str, password: &str) -> Alertmanager {
+        let port = free_port();
+        let (cert, key) = pki.issue("alertmanager");
+        let hash = bcrypt_hash(password);
+        let web = dir.join("alertmanager-web.yml");
+        std::fs::write(
+            &web,
+            format!(
+                "tls_server_config:\n  cert_file: {}\n  key_file: {}\nbasic_auth_users:\n  {user}: '{hash}'\n",
+                cert.display(),
+                key.display()
+            ),
+        )
+        .unwrap();
+        let mut am = Alertmanager::stopped(dir, port);
+        am.url = format!("https://127.0.0.1:{port}");
+        am.web_config = Some(web);
+        am.curl_args = vec![
+            "--cacert".into(),
+            pki.ca.display().to_string(),
+            "-u".into(),
+            format!("{user}:{password}"),
+        ];
+        am.run();
+        am
+    }
+
+    fn curl(&self, path: &str) -> HttpReply {
+        let url = format!("{}{path}", self.url);
+        let mut args: Vec<&str> = self.curl_args.iter().map(String::as_str).collect();
+        args.push(&url);
+        curl(&args)
     }
 
     pub fn run(&mut self) {
@@ -706,14 +785,22 @@ impl Alertmanager {
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{}", self.port))
             .arg("--cluster.listen-address=");
+        if let Some(web) = &self.web_config {
+            cmd.arg(format!("--web.config.file={}", web.display()));
+        }
         let proc = Proc::spawn("alertmanager", cmd, &self.dir);
-        wait_ready(&format!("{}/-/ready", self.url), &proc, "Alertmanager");
+        assert!(
+            wait_until(Duration::from_secs(60), || self.curl("/-/ready").status == 200),
+            "Alertmanager did not become ready at {} (scripts/test.sh installs it):\n{}",
+            self.url,
+            proc.logs()
+        );
         self.proc = Some(proc);
     }
 
     /// The alerts Alertmanager lists as active (resolved ones drop out).
     pub fn alerts(&self) -> Vec<serde_json::Value> {
-        let reply = curl(&[&format!("{}/api/v2/alerts", self.url)]);
+        let reply = self.curl("/api/v2/alerts");
         assert_eq!(reply.status, 200, "{}", reply.text());
         reply.json().as_array().cloned().unwrap_or_default()
     }
@@ -904,4 +991,154 @@ pub fn assert_well_formed(xml: &str) {
         "not well-formed XML: {}\n{xml}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Alertmanager's form of a password: a bcrypt hash, made with Python's
+/// bcrypt (scripts/test.sh installs it). Cost 4, the least: the test
+/// needs a valid hash, not a slow one.
+pub fn bcrypt_hash(password: &str) -> String {
+    let out = run_ok(Command::new("python3").args([
+        "-c",
+        "import bcrypt, sys; print(bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt(rounds=4)).decode())",
+        password,
+    ]));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A private CA made with the openssl CLI, and the certificates it signs.
+pub struct Pki {
+    dir: PathBuf,
+    /// The CA's certificate (PEM): what a client trusts.
+    pub ca: PathBuf,
+    ca_key: PathBuf,
+}
+
+impl Pki {
+    pub fn new(dir: &Path, name: &str) -> Pki {
+        let dir = dir.join(format!("pki-{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ca, ca_key) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
+        run_ok(Command::new("openssl").args([
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-days", "2", "-subj", &format!("/CN=leaseline test CA {name}"),
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "-keyout", ca_key.to_str().unwrap(), "-out", ca.to_str().unwrap(),
+        ]));
+        Pki { dir, ca, ca_key }
+    }
+
+    /// A certificate named `name` for 127.0.0.1 and localhost, for a
+    /// server or a client: (certificate, key), both PEM.
+    pub fn issue(&self, name: &str) -> (PathBuf, PathBuf) {
+        let cert = self.dir.join(format!("{name}.pem"));
+        let key = self.dir.join(format!("{name}-key.pem"));
+        let csr = self.dir.join(format!("{name}.csr"));
+        let ext = self.dir.join(format!("{name}.ext"));
+        std::fs::write(
+            &ext,
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+             extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .unwrap();
+        run_ok(Command::new("openssl").args([
+            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-subj", &format!("/CN={name}"),
+            "-keyout", key.to_str().unwrap(), "-out", csr.to_str().unwrap(),
+        ]));
+        run_ok(Command::new("openssl").args([
+            "x509", "-req", "-days", "2", "-in", csr.to_str().unwrap(),
+            "-CA", self.ca.to_str().unwrap(), "-CAkey", self.ca_key.to_str().unwrap(),
+            "-CAcreateserial", "-extfile", ext.to_str().unwrap(), "-out", cert.to_str().unwrap(),
+        ]));
+        (cert, key)
+    }
+}
+
+/// What an [`HttpsSink`] recorded of one request.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct HttpsRequest {
+    pub path: String,
+    pub authorization: Option<String>,
+    /// The common name of the client certificate.
+    pub client: Option<String>,
+    pub body: String,
+}
+
+/// An HTTPS server (Python's http.server and ssl) that requires a client
+/// certificate of its CA, answers 200 to `Authorization: Bearer <token>`
+/// and 401 to anything else, and records every request.
+pub struct HttpsSink {
+    pub url: String,
+    pub proc: Proc,
+    log: PathBuf,
+}
+
+const HTTPS_SINK: &str = r#"
+import http.server, json, ssl, sys
+port, cert, key, ca, token, log = sys.argv[1:7]
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        subject = dict(x[0] for x in self.connection.getpeercert().get("subject", ()))
+        with open(log, "a") as f:
+            f.write(json.dumps({"path": self.path, "authorization": self.headers.get("Authorization"),
+                                "client": subject.get("commonName"), "body": body.decode()}) + "\n")
+        self.send_response(200 if self.headers.get("Authorization") == "Bearer " + token else 401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+ctx.verify_mode = ssl.CERT_REQUIRED
+ctx.load_verify_locations(ca)
+server = http.server.ThreadingHTTPServer(("127.0.0.1", int(port)), Handler)
+server.socket = ctx.wrap_socket(server.socket, server_side=True)
+print("listening", flush=True)
+server.serve_forever()
+"#;
+
+impl HttpsSink {
+    pub fn start(dir: &Path, pki: &Pki, token: &str) -> HttpsSink {
+        let port = free_port();
+        let (cert, key) = pki.issue("webhook");
+        let script = dir.join("https_sink.py");
+        std::fs::write(&script, HTTPS_SINK).unwrap();
+        let log = dir.join("https_sink.requests");
+        let mut cmd = Command::new("python3");
+        cmd.arg(&script)
+            .arg(port.to_string())
+            .args([&cert, &key, &pki.ca])
+            .arg(token)
+            .arg(&log);
+        let proc = Proc::spawn("https-sink", cmd, dir);
+        assert!(
+            wait_until(Duration::from_secs(30), || proc.logs().contains("listening")),
+            "the HTTPS sink did not start:\n{}",
+            proc.logs()
+        );
+        HttpsSink {
+            url: format!("https://127.0.0.1:{port}"),
+            proc,
+            log,
+        }
+    }
+
+    pub fn requests(&self) -> Vec<HttpsRequest> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+/// The value of one series on a `/metrics` page, e.g.
+/// `leaseline_alert_delivery_failures_total{receiver="am"}`; 0 when absent.
+pub fn metric(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
