@@ -308,3 +308,65 @@ async fn served_sql_sees_a_consumed_event_before_its_flush() {
     );
     assert_eq!(count(&lake, "lease_events"), 79);
 }
+
+/// A secret librdkafka property read from a file
+/// (`--kafka-property-file sasl.password=PATH`) reaches the consumer and no
+/// log line or error. The broker (tansu 0.6) cannot check it: it offers no
+/// SASL a test can use nor TLS (docs/security.md says what is tested), so
+/// the property is set beside PLAINTEXT, where librdkafka holds it unused;
+/// that the consumer's configuration carries the file's password is the
+/// unit test `a_property_file_sets_the_property_to_its_first_line`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kafka_password_from_a_file_reaches_no_log_line_or_error() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 3).await;
+    let data = Dataset::generate(5_000, 9);
+    let landed = produce(&broker.producer(), "leases", &data.messages).await;
+
+    let password = "kafka-pw-9d41c7";
+    let file = dir.path().join("kafka-password");
+    std::fs::write(&file, format!("{password}\n")).unwrap();
+    let lake = dir.path().join("lake");
+    let mut cmd = ingest_cmd(&broker, &lake, "leases", "secret");
+    cmd.env(
+        "LEASELINE_KAFKA_PROPERTY_FILES",
+        format!("sasl.password={}", file.display()),
+    )
+    .env("LEASELINE_LOG", "debug");
+    let mut ingest = Proc::spawn("ingest-secret", cmd, dir.path());
+    assert!(
+        wait_until(Duration::from_secs(120), || caught_up(&lake, &data)),
+        "ingest did not catch up:\n{}",
+        ingest.logs()
+    );
+    assert!(ingest.terminate(Duration::from_secs(30)).success());
+    assert_exact(&lake, "leases", &data, &landed);
+    let logs = ingest.logs();
+    assert!(logs.contains("consuming"), "{logs}");
+    assert!(!logs.contains(password), "the password in the log:\n{logs}");
+
+    // A missing file stops ingest at start, naming the file.
+    let out = ingest_cmd(&broker, &lake, "leases", "secret")
+        .args(["--kafka-property-file", "sasl.password=/nonexistent/kafka-pw"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("reading kafka property sasl.password from /nonexistent/kafka-pw"),
+        "{stderr}"
+    );
+
+    // librdkafka refuses a misspelt key with its value; not this one.
+    let out = ingest_cmd(&broker, &lake, "leases", "secret")
+        .args(["--kafka-property-file"])
+        .arg(format!("sasl.pasword={}", file.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("sasl.pasword"), "{stderr}");
+    assert!(!stderr.contains(password), "the password in the error:\n{stderr}");
+}

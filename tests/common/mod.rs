@@ -113,45 +113,10 @@ impl Drop for Proc {
 pub struct Broker {
     pub addr: String,
     pub proc: Proc,
-    /// librdkafka properties every client of this broker needs (SASL).
-    pub client_properties: Vec<(String, String)>,
 }
 
 impl Broker {
     pub fn start(dir: &Path) -> Broker {
-        Broker::start_with(dir, &[], Vec::new())
-    }
-
-    /// A broker that requires SASL (`tansu broker --authentication`).
-    /// tansu 0.6 accepts PLAIN with any password (its PLAIN check only
-    /// asks that one is given), so these clients use PLAIN.
-    pub fn start_authenticated(dir: &Path, user: &str, password: &str) -> Broker {
-        let props = [
-            ("security.protocol", "SASL_PLAINTEXT"),
-            ("sasl.mechanism", "PLAIN"),
-            ("sasl.username", user),
-            ("sasl.password", password),
-        ];
-        Broker::start_with(
-            dir,
-            &["--authentication"],
-            props
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
-    }
-
-    fn client(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.addr);
-        for (k, v) in &self.client_properties {
-            c.set(k, v);
-        }
-        c
-    }
-
-    fn start_with(dir: &Path, extra: &[&str], client_properties: Vec<(String, String)>) -> Broker {
         let tansu = std::env::var("TANSU").unwrap_or_else(|_| "tansu".into());
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
@@ -165,7 +130,6 @@ impl Broker {
             "--storage-engine",
             "memory://tansu/",
         ])
-        .args(extra)
         .env("RUST_LOG", "warn");
         let proc = Proc::spawn("tansu", cmd, dir);
         let addr = format!("127.0.0.1:{port}");
@@ -178,15 +142,14 @@ impl Broker {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Broker {
-            addr,
-            proc,
-            client_properties,
-        }
+        Broker { addr, proc }
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
-        let admin: AdminClient<DefaultClientContext> = self.client().create().unwrap();
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.addr)
+            .create()
+            .unwrap();
         let res = admin
             .create_topics(
                 &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
@@ -200,7 +163,8 @@ impl Broker {
     }
 
     pub fn producer(&self) -> FutureProducer {
-        self.client()
+        ClientConfig::new()
+            .set("bootstrap.servers", &self.addr)
             // One message per record batch. tansu 0.6 answers a fetch
             // that starts inside a batch with the batches after it only
             // (tansu-storage dynostore.rs `fetch`: `offsets.split_off(&offset)`
