@@ -518,3 +518,87 @@ impl AlertsConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(receiver: &str) -> Result<AlertsConfig> {
+        let cfg: AlertsConfig =
+            toml::from_str(&format!("[[receivers]]\n{receiver}")).map_err(|e| {
+                AlertError::Config(e.to_string())
+            })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn a_receiver_takes_auth_tls_and_labels() {
+        let cfg = parse(
+            r#"
+type = "alertmanager"
+name = "am"
+url = "https://am.example.com:9093"
+labels = { cluster = "eu-1", env = "prod" }
+basic_auth = { username = "leaseline", password_file = "/etc/leaseline/am-password" }
+tls = { ca_file = "/etc/leaseline/ca.pem", cert_file = "/etc/leaseline/c.pem", key_file = "/etc/leaseline/k.pem" }
+"#,
+        )
+        .unwrap();
+        let r = &cfg.receivers[0];
+        assert_eq!(r.kind, ReceiverKind::Alertmanager);
+        assert_eq!(r.labels["cluster"], "eu-1");
+        let b = r.basic_auth.as_ref().unwrap();
+        assert_eq!(b.username, "leaseline");
+        assert_eq!(b.password_file, PathBuf::from("/etc/leaseline/am-password"));
+        let tls = r.tls.as_ref().unwrap();
+        assert_eq!(tls.ca_file, Some(PathBuf::from("/etc/leaseline/ca.pem")));
+
+        let hook = parse(
+            "type = \"webhook\"\nname = \"h\"\nurl = \"https://h\"\nbearer_token_file = \"/t\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            hook.receivers[0],
+            ReceiverConfig {
+                bearer_token_file: Some("/t".into()),
+                ..ReceiverConfig::new(ReceiverKind::Webhook, "h", "https://h".parse().unwrap())
+            }
+        );
+    }
+
+    #[test]
+    fn impossible_receivers_are_refused_naming_what_to_change() {
+        let base = "type = \"webhook\"\nname = \"h\"\n";
+        for (extra, expected) in [
+            (
+                "url = \"https://u:p@h\"\n",
+                "the url carries credentials; put them in basic_auth",
+            ),
+            (
+                "url = \"https://h\"\nbearer_token_file = \"/t\"\nbasic_auth = { username = \"u\", password_file = \"/p\" }\n",
+                "basic_auth and bearer_token_file both set",
+            ),
+            (
+                "url = \"https://h\"\ntls = { cert_file = \"/c\" }\n",
+                "tls.cert_file and tls.key_file go together",
+            ),
+            (
+                "url = \"https://h\"\nlabels = { \"bad-name\" = \"x\" }\n",
+                "\"bad-name\" is not a label name",
+            ),
+            (
+                "url = \"https://h\"\nlabels = { lease_id = \"x\" }\n",
+                "the label \"lease_id\" is an alert's own",
+            ),
+            (
+                "url = \"https://h\"\nlabels = { env = \"\" }\n",
+                "the label \"env\" is empty",
+            ),
+            ("url = \"https://h\"\npassword = \"x\"\n", "unknown field `password`"),
+        ] {
+            let err = parse(&format!("{base}{extra}")).unwrap_err().to_string();
+            assert!(err.contains(expected), "{extra}: {err}");
+        }
+    }
+}

@@ -495,6 +495,7 @@ async fn deliver(outbox: Arc<Outbox>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{BasicAuth, ReceiverTls};
 
     fn keys(b: &[(String, Update)]) -> Vec<(&str, bool)> {
         b.iter().map(|(k, (f, _))| (k.as_str(), *f)).collect()
@@ -525,5 +526,66 @@ mod tests {
         queue_update(&mut q, "a".into(), true, json!(6));
         assert_eq!(q.len(), 1);
         assert_eq!(q["a"].1, json!(6));
+    }
+
+    #[test]
+    fn a_secret_shows_nowhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "hunter2\nsecond line\n").unwrap();
+        let s = read_secret(&file, "basic_auth password").unwrap();
+        assert_eq!(s.0, "hunter2");
+        assert_eq!(format!("{s:?}"), "Secret(<redacted>)");
+        let auth = Auth::Basic {
+            username: "u".into(),
+            password_file: file,
+        };
+        assert!(!format!("{auth:?}").contains("hunter2"));
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_secret_or_ca_stops_the_start_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = ReceiverConfig::new(
+            ReceiverKind::Alertmanager,
+            "am",
+            "https://127.0.0.1:9".parse().unwrap(),
+        );
+        r.basic_auth = Some(BasicAuth {
+            username: "u".into(),
+            password_file: dir.path().join("absent"),
+        });
+        let err = Notifier::start(&[r.clone()], 10, Duration::from_secs(60), None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("alert receiver \"am\": reading the basic_auth password file")
+                && err.contains("absent"),
+            "{err}"
+        );
+
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "").unwrap();
+        r.basic_auth = None;
+        r.bearer_token_file = Some(empty);
+        let err = Notifier::start(&[r.clone()], 10, Duration::from_secs(60), None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("is empty"), "{err}");
+
+        let not_pem = dir.path().join("ca.pem");
+        std::fs::write(&not_pem, "not a certificate").unwrap();
+        r.bearer_token_file = None;
+        r.tls = Some(ReceiverTls {
+            ca_file: Some(not_pem),
+            ..Default::default()
+        });
+        let err = Notifier::start(&[r], 10, Duration::from_secs(60), None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("holds no PEM certificate"), "{err}");
     }
 }
