@@ -825,16 +825,16 @@ tls = {{ ca_file = "{ca}" }}
     assert!(
         wait_until(Duration::from_secs(30), || {
             page = server.get("/metrics").text();
-            metric(&page, &format!("{failures}{{receiver=\"am-wrong-password\"}}")) >= 1.0
+            metric(
+                &page,
+                &format!("{failures}{{receiver=\"am-wrong-password\"}}"),
+            ) >= 1.0
                 && metric(&page, &format!("{failures}{{receiver=\"am-untrusted\"}}")) >= 1.0
         }),
         "{page}"
     );
     assert!(
-        metric(
-            &page,
-            "leaseline_alert_deliveries_total{receiver=\"am\"}"
-        ) >= 1.0,
+        metric(&page, "leaseline_alert_deliveries_total{receiver=\"am\"}") >= 1.0,
         "{page}"
     );
     assert_eq!(
@@ -923,14 +923,20 @@ key_file = "{key}"
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(stderr.contains("LeaseForcedExpiry"), "{stderr}");
-    assert!(!stderr.contains(token), "the token in the output:\n{stderr}");
+    assert!(
+        !stderr.contains(token),
+        "the token in the output:\n{stderr}"
+    );
 
     let requests = sink.requests();
     let hook = requests
         .iter()
         .find(|r| r.path == "/hook")
         .unwrap_or_else(|| panic!("requests: {requests:?}\n{stderr}"));
-    assert_eq!(hook.authorization.as_deref(), Some(&*format!("Bearer {token}")));
+    assert_eq!(
+        hook.authorization.as_deref(),
+        Some(&*format!("Bearer {token}"))
+    );
     assert_eq!(hook.client.as_deref(), Some("leaseline-client"));
     let body: Value = serde_json::from_str(&hook.body).unwrap();
     let alert = &body["alerts"][0];

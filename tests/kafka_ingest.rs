@@ -349,7 +349,10 @@ async fn a_kafka_password_from_a_file_reaches_no_log_line_or_error() {
 
     // A missing file stops ingest at start, naming the file.
     let out = ingest_cmd(&broker, &lake, "leases", "secret")
-        .args(["--kafka-property-file", "sasl.password=/nonexistent/kafka-pw"])
+        .args([
+            "--kafka-property-file",
+            "sasl.password=/nonexistent/kafka-pw",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -368,5 +371,8 @@ async fn a_kafka_password_from_a_file_reaches_no_log_line_or_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("sasl.pasword"), "{stderr}");
-    assert!(!stderr.contains(password), "the password in the error:\n{stderr}");
+    assert!(
+        !stderr.contains(password),
+        "the password in the error:\n{stderr}"
+    );
 }

@@ -524,10 +524,8 @@ mod tests {
     use super::*;
 
     fn parse(receiver: &str) -> Result<AlertsConfig> {
-        let cfg: AlertsConfig =
-            toml::from_str(&format!("[[receivers]]\n{receiver}")).map_err(|e| {
-                AlertError::Config(e.to_string())
-            })?;
+        let cfg: AlertsConfig = toml::from_str(&format!("[[receivers]]\n{receiver}"))
+            .map_err(|e| AlertError::Config(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }

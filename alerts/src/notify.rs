@@ -437,7 +437,9 @@ async fn deliver(outbox: Arc<Outbox>) {
                 )
             }
         };
-        let request = outbox.auth.apply(outbox.client.post(url.clone()).json(&body));
+        let request = outbox
+            .auth
+            .apply(outbox.client.post(url.clone()).json(&body));
         let result = match request {
             Ok(r) => r.send().await.map_err(|e| chain(&e)),
             Err(e) => Err(e),

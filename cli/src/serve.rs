@@ -314,7 +314,11 @@ pub async fn run(
     // it stops when ingest has stopped and dropped its tap.
     let mut alerts = None;
     let engine_tap = if live {
-        Some(alerting::start_live(&cfg, lake.clone(), lease_metrics.clone())?)
+        Some(alerting::start_live(
+            &cfg,
+            lake.clone(),
+            lease_metrics.clone(),
+        )?)
     } else {
         None
     };

@@ -490,7 +490,10 @@ mod tests {
         cfg.properties.insert("client.id".into(), "visible".into());
         let shown = format!("{cfg:?}");
         assert!(!shown.contains(PASSWORD), "{shown}");
-        assert!(shown.contains("\"sasl.password\": \"<redacted>\""), "{shown}");
+        assert!(
+            shown.contains("\"sasl.password\": \"<redacted>\""),
+            "{shown}"
+        );
         assert!(shown.contains("visible"), "{shown}");
     }
 

@@ -754,7 +754,8 @@ impl Alertmanager {
         }
         let proc = Proc::spawn("alertmanager", cmd, &self.dir);
         assert!(
-            wait_until(Duration::from_secs(60), || self.curl("/-/ready").status == 200),
+            wait_until(Duration::from_secs(60), || self.curl("/-/ready").status
+                == 200),
             "Alertmanager did not become ready at {} (scripts/test.sh installs it):\n{}",
             self.url,
             proc.logs()
@@ -983,11 +984,25 @@ impl Pki {
         std::fs::create_dir_all(&dir).unwrap();
         let (ca, ca_key) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
         run_ok(Command::new("openssl").args([
-            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-days", "2", "-subj", &format!("/CN=leaseline test CA {name}"),
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-            "-keyout", ca_key.to_str().unwrap(), "-out", ca.to_str().unwrap(),
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=leaseline test CA {name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+            "-keyout",
+            ca_key.to_str().unwrap(),
+            "-out",
+            ca.to_str().unwrap(),
         ]));
         Pki { dir, ca, ca_key }
     }
@@ -1006,14 +1021,35 @@ impl Pki {
         )
         .unwrap();
         run_ok(Command::new("openssl").args([
-            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-subj", &format!("/CN={name}"),
-            "-keyout", key.to_str().unwrap(), "-out", csr.to_str().unwrap(),
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            &format!("/CN={name}"),
+            "-keyout",
+            key.to_str().unwrap(),
+            "-out",
+            csr.to_str().unwrap(),
         ]));
         run_ok(Command::new("openssl").args([
-            "x509", "-req", "-days", "2", "-in", csr.to_str().unwrap(),
-            "-CA", self.ca.to_str().unwrap(), "-CAkey", self.ca_key.to_str().unwrap(),
-            "-CAcreateserial", "-extfile", ext.to_str().unwrap(), "-out", cert.to_str().unwrap(),
+            "x509",
+            "-req",
+            "-days",
+            "2",
+            "-in",
+            csr.to_str().unwrap(),
+            "-CA",
+            self.ca.to_str().unwrap(),
+            "-CAkey",
+            self.ca_key.to_str().unwrap(),
+            "-CAcreateserial",
+            "-extfile",
+            ext.to_str().unwrap(),
+            "-out",
+            cert.to_str().unwrap(),
         ]));
         (cert, key)
     }
@@ -1079,7 +1115,9 @@ impl HttpsSink {
             .arg(&log);
         let proc = Proc::spawn("https-sink", cmd, dir);
         assert!(
-            wait_until(Duration::from_secs(30), || proc.logs().contains("listening")),
+            wait_until(Duration::from_secs(30), || proc
+                .logs()
+                .contains("listening")),
             "the HTTPS sink did not start:\n{}",
             proc.logs()
         );
