@@ -17,9 +17,9 @@
 #     docs/lease-event.schema.json against the decoder;
 #   - psycopg for Python, the client whose cancel request the PostgreSQL
 #     tests send;
-#   - the bcrypt package for Python and the openssl command: the alert
-#     tests put Alertmanager behind basic auth (bcrypt-hashed in its web
-#     configuration) and TLS with certificates of a private CA made there.
+#   - the bcrypt package for Python: the alert tests put Alertmanager
+#     behind basic auth (bcrypt-hashed in its web configuration) and TLS
+#     with certificates of a private CA made with the openssl command.
 # Before any of that it makes sure the build itself can run (README.md,
 # "Building"): Rust at least the workspace's rust-version, which it cannot
 # install, and the Debian packages of a C toolchain, pkg-config, the OpenSSL
@@ -127,7 +127,6 @@ fi
 
 missing=()
 command -v curl >/dev/null 2>&1 || missing+=(curl)
-command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v prlimit >/dev/null 2>&1 || missing+=(util-linux)
