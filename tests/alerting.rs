@@ -93,6 +93,22 @@ fn serve_with_ingest(dir: &Path, broker: &Broker, config: &Path) -> Server {
     )
 }
 
+/// Produces one forced expiry of `lease` held by `holder` with `token`,
+/// ending now.
+async fn produce_forced_expiry(broker: &Broker, lease: &str, holder: &str, token: u64) {
+    let t = now_ms();
+    produce(
+        &broker.producer(),
+        "leases",
+        &[
+            acquired(t - 2_000, lease, holder, token),
+            event(json!({"ts": t, "kind": "expired", "source": "coordinator",
+                "lease_id": lease, "holder_id": holder, "fencing_token": token, "backend": "etcd"})),
+        ],
+    )
+    .await;
+}
+
 fn label<'a>(a: &'a Value, name: &str) -> &'a str {
     a["labels"][name].as_str().unwrap_or("")
 }
@@ -242,17 +258,7 @@ async fn an_alert_raised_while_alertmanager_is_down_arrives_when_it_is_back() {
         .replace("window = \"4s\"", "window = \"10m\"");
     std::fs::write(&cfg, text).unwrap();
     let server = serve_with_ingest(dir.path(), &broker, &cfg);
-    let t = now_ms();
-    produce(
-        &broker.producer(),
-        "leases",
-        &[
-            acquired(t - 2_000, "orders/outage", "w-9", 3),
-            event(json!({"ts": t, "kind": "expired", "source": "coordinator",
-                "lease_id": "orders/outage", "holder_id": "w-9", "fencing_token": 3, "backend": "etcd"})),
-        ],
-    )
-    .await;
+    produce_forced_expiry(&broker, "orders/outage", "w-9", 3).await;
     assert!(
         wait_until(Duration::from_secs(20), || server
             .proc
@@ -792,17 +798,7 @@ tls = {{ ca_file = "{ca}" }}
     }
     std::fs::write(&cfg, text).unwrap();
     let server = serve_with_ingest(dir.path(), &broker, &cfg);
-    let t = now_ms();
-    produce(
-        &broker.producer(),
-        "leases",
-        &[
-            acquired(t - 2_000, "orders/private", "w-5", 4),
-            event(json!({"ts": t, "kind": "expired", "source": "coordinator",
-                "lease_id": "orders/private", "holder_id": "w-5", "fencing_token": 4, "backend": "etcd"})),
-        ],
-    )
-    .await;
+    produce_forced_expiry(&broker, "orders/private", "w-5", 4).await;
 
     let mut seen = Vec::new();
     assert!(

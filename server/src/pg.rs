@@ -325,8 +325,9 @@ pub fn install_pg_catalog(
         let state = ctx.state_ref();
         let mut state = state.write();
         let options = state.config_mut().options_mut();
-        // VERIFY: read at table resolution (SessionState::schema_for_ref), so
-        // turning it on after the context was built is enough.
+        // Read at table resolution (SessionState::schema_for_ref), so
+        // turning it on after the context was built is enough; psql's
+        // catalog queries test it.
         options.catalog.information_schema = true;
         options.catalog.default_catalog.clone()
     };
@@ -392,8 +393,8 @@ impl NoopStartupHandler for Trust {
     }
 }
 
-// VERIFY: coherence with pgwire's blanket `impl<H: NoopStartupHandler>
-// StartupHandler for H` (fine as long as `Startup` is not a NoopStartupHandler).
+// pgwire implements StartupHandler for every NoopStartupHandler; `Startup`
+// is not one, so this impl does not overlap it.
 #[async_trait]
 impl StartupHandler for Startup {
     async fn on_startup<C>(
@@ -839,8 +840,8 @@ mod tests {
         verdict(&statements[0])
     }
 
-    // VERIFY: each statement parses to the variant assumed (e.g. `SET TIME
-    // ZONE` to `Set::SetTimeZone`, `SET SESSION CHARACTERISTICS` to
+    // Pins the parser variants `verdict` relies on (e.g. `SET TIME ZONE` as
+    // `Set::SetTimeZone`, `SET SESSION CHARACTERISTICS` as
     // `Set::SetTransaction`).
     #[test]
     fn queries_pass_and_changes_are_refused() {
