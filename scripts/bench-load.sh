@@ -32,7 +32,8 @@ python3 -c "import psycopg" 2>/dev/null ||
 python3 -c "import matplotlib" 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check matplotlib
 cargo build --release -p leaseline --bin leaseline --example bench_load
-bin=target/release/leaseline
+target=${CARGO_TARGET_DIR:-target}
+bin=$target/release/leaseline
 work=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 RUST_LOG=warn tansu broker --listener-url "tcp://127.0.0.1:$port" --advertised-listener-url "tcp://127.0.0.1:$port" \
@@ -48,7 +49,7 @@ per_copy=2000000
 $bin simulate --seed 7 --leases 20000 --events $per_copy --start 2026-11-01T00:00:00Z \
   --blip 0.002 --crash 0.001 --pause 0.0005 --double-grant 0.0002 --output "$work/fleet.ndjson"
 copies=$(( (topic_events + per_copy - 1) / per_copy ))
-target/release/examples/bench_load "127.0.0.1:$port" load-leases "$work/fleet.ndjson" "$copies" >"$work/fill.json"
+"$target"/release/examples/bench_load "127.0.0.1:$port" load-leases "$work/fleet.ndjson" "$copies" >"$work/fill.json"
 cat "$work/fill.json"
 produced=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["events"])' "$work/fill.json")
 # The lease of the queries is the docs' own when the fleet has it. now() in

@@ -405,6 +405,7 @@ def plot(results, path, title):
     if errs:
         ax2.plot([e["start"] for e in errs], [e["latency"] * 1000 for e in errs], "rx",
                  label="failed queries (%d), at their latency" % len(errs))
+    ax2.set_xlim(0, max(base["seconds"], load["seconds"]))
     ax2.set_yscale("log")
     ax2.set_ylabel("query latency (ms, log scale)\nper 10 s window, all incident queries")
     ax2.set_xlabel("seconds since serve started")
@@ -415,7 +416,35 @@ def plot(results, path, title):
     fig.savefig(path, dpi=110)
 
 
+def markdown(r):
+    """The per-query table for BENCHMARKS.md."""
+    rows = {}
+    for q in r["load"]["queries"]["per_query"]:
+        rows.setdefault(q["query"], {})[q["surface"]] = q
+    f = lambda q, k: "%.0f" % q[k] if q and q.get(k) is not None and q[k] >= 10 else (  # noqa: E731
+        "%.1f" % q[k] if q and q.get(k) is not None else "–")
+    out = ["| query | HTTP p50 / p99 ms (n) | PostgreSQL p50 / p99 ms (n) | both p50 / p99 ms | rows |",
+           "|---|---|---|---|---|"]
+    titles = [t["title"] for t in r["queries"]] + ["*"]
+    for t in dict.fromkeys(titles):
+        q = rows.get(t, {})
+        h, g, a = q.get("http"), q.get("pg"), q.get("all")
+        out.append("| %s | %s / %s (%d) | %s / %s (%d) | %s / %s | %s |" % (
+            "all queries" if t == "*" else t, f(h, "p50_ms"), f(h, "p99_ms"), (h or {}).get("ok", 0),
+            f(g, "p50_ms"), f(g, "p99_ms"), (g or {}).get("ok", 0), f(a, "p50_ms"), f(a, "p99_ms"),
+            "–" if t == "*" or not a or a["rows_median"] is None else "%g" % a["rows_median"]))
+    return "\n".join(out)
+
+
 def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "--report":
+        # Again from a results JSON: the figures, and the plot when a PNG is named.
+        r = json.load(open(sys.argv[2]))
+        report(r)
+        print(markdown(r))
+        if len(sys.argv) == 4:
+            plot(r, sys.argv[3], r.get("label", ""))
+        return
     p = argparse.ArgumentParser()
     p.add_argument("--bin", required=True)
     p.add_argument("--brokers", required=True)
@@ -462,6 +491,7 @@ def main():
         json.dump(results, f, indent=1)
     plot(results, a.png, a.label)
     report(results)
+    print(markdown(results))
 
 
 def report(r):
