@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Load test: `leaseline serve --ingest` consuming a pre-filled topic at full
+# rate while 8 HTTP and 8 PostgreSQL clients run docs/incident-queries.md in
+# a loop and a runaway query comes every 30 s, against the same run with no
+# queries (same broker, topic, events and serve flags). Prints and writes
+# ingest throughput with and without queries, query latency p50/p99 per
+# query and surface, errors, and the serve process's peak RSS; draws
+# docs/load-test.png. See BENCHMARKS.md.
+#
+# Usage: scripts/bench-load.sh [SECONDS] [TOPIC_EVENTS]
+#   SECONDS       length of each phase (default 300; 30 for a smoke test)
+#   TOPIC_EVENTS  events to pre-fill (default: 40 million, or 2 million
+#                 when SECONDS is under 60); the whole run must not drain it,
+#                 which the script checks
+# Environment: LEASELINE_BENCH_POOL (--query-memory-pool-bytes, default
+# 1GiB), LEASELINE_BENCH_OUT (results JSON, default target/bench-load.json),
+# LEASELINE_BENCH_PNG (default docs/load-test.png).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-300}
+if [ "$seconds" -lt 60 ]; then default_events=2000000; else default_events=40000000; fi
+topic_events=${2:-$default_events}
+pool=${LEASELINE_BENCH_POOL:-1GiB}
+out=${LEASELINE_BENCH_OUT:-target/bench-load.json}
+png=${LEASELINE_BENCH_PNG:-docs/load-test.png}
+export PATH="$HOME/.cargo/bin:$PATH"
+# Debian 12 and later refuse `pip install` outside a virtualenv (PEP 668).
+export PIP_BREAK_SYSTEM_PACKAGES=1
+command -v tansu >/dev/null || cargo install tansu --locked --features dynostore
+python3 -c "import psycopg" 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check "psycopg[binary]"
+python3 -c "import matplotlib" 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check matplotlib
+cargo build --release -p leaseline --bin leaseline --example bench_load
+target=${CARGO_TARGET_DIR:-target}
+bin=$target/release/leaseline
+work=$(mktemp -d)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+RUST_LOG=warn tansu broker --listener-url "tcp://127.0.0.1:$port" --advertised-listener-url "tcp://127.0.0.1:$port" \
+  --storage-engine memory://tansu/ >"$work/tansu.log" 2>&1 &
+tansu_pid=$!
+trap 'kill $tansu_pid 2>/dev/null; rm -rf "$work"' EXIT
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+
+# One simulated fleet of 20,000 leases (3 holders each, 6 s TTL) with the
+# faults of production: keepalive blips, crashes (forced expiries), pauses
+# (rejected stale writes) and a few double grants (violations to explain).
+per_copy=2000000
+$bin simulate --seed 7 --leases 20000 --events $per_copy --start 2026-11-01T00:00:00Z \
+  --blip 0.002 --crash 0.001 --pause 0.0005 --double-grant 0.0002 --output "$work/fleet.ndjson"
+copies=$(( (topic_events + per_copy - 1) / per_copy ))
+"$target"/release/examples/bench_load "127.0.0.1:$port" load-leases "$work/fleet.ndjson" "$copies" >"$work/fill.json"
+cat "$work/fill.json"
+produced=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["events"])' "$work/fill.json")
+# The lease of the queries is the docs' own when the fleet has it. now() in
+# the queries becomes ten minutes of event time after the first event: the
+# "last hour" covers everything, the "last 10 minutes" the first ones.
+lease=orders/00004
+grep -q "\"lease_id\":\"$lease\"" "$work/fleet.ndjson" ||
+  lease=$(head -1 "$work/fleet.ndjson" | python3 -c 'import json,sys; print(json.load(sys.stdin)["lease_id"])')
+now=$(python3 -c 'import json,sys,datetime as d; t=json.load(open(sys.argv[1]))["first_ts_ms"]/1000+600; print(d.datetime.fromtimestamp(t, d.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))' "$work/fill.json")
+rm -f "$work/fleet.ndjson"
+
+mkdir -p "$(dirname "$out")" "$(dirname "$png")"
+label="$(date -u +%Y-%m-%d) $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores ($(lscpu | sed -n 's/^Model name: *//p' | head -1)); \
+${seconds} s per phase, ${produced} events in the topic, --query-memory-pool-bytes $pool"
+python3 scripts/bench_load.py --bin "$bin" --brokers "127.0.0.1:$port" --topic load-leases \
+  --topic-events "$produced" --duration "$seconds" --work "$work" --lease "$lease" --now "$now" \
+  --pool "$pool" --json "$out" --png "$png" --label "$label" \
+  --broker-pid "$tansu_pid"
+echo "results: $out; plot: $png"
