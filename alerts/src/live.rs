@@ -1,15 +1,16 @@
-//! The engine in a running service: events in from ingest, alerts out to
-//! the console, the receivers and the history table, time moved by the
-//! events of every input partition, and by the wall clock only when no
-//! partition has anything waiting (see [`crate::clock`]).
+//! The engine in a running service: events in from ingest once the lake
+//! has committed them (`leaseline_ingest::fanout`), alerts out to the
+//! console, the receivers and the history table, time moved by the events
+//! of every input partition, and by the wall clock only when no partition
+//! has anything waiting (see [`crate::clock`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use leaseline_ingest::{Committed, CommittedReceiver};
 use leaseline_lake::Lake;
 use leaseline_schema::LeaseEvent;
-use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{error, info, warn};
 
 use crate::alert::{Alert, AlertState};
@@ -37,20 +38,6 @@ pub fn log_change(a: &Alert) {
         AlertState::Resolved => info!(alert = %labels.join(","), "alert resolved: {}", a.summary),
         AlertState::Pending => info!(alert = %labels.join(","), "alert pending: {}", a.summary),
     }
-}
-
-/// What the live engine reads from ingest, in order.
-// Events are nearly all of the traffic: boxing them to shrink the rare
-// partition notices would cost an allocation per event.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum LiveInput {
-    /// An event and the input partition it was read from.
-    Event(LeaseEvent<'static>, PartitionKey),
-    Assigned(PartitionKey),
-    Revoked(PartitionKey),
-    /// Nothing of the partition is waiting to be read.
-    CaughtUp(PartitionKey),
 }
 
 /// Which input partition each lease's events come from, to tell producers
@@ -86,13 +73,13 @@ impl Keying {
 }
 
 /// Runs until `events` closes (ingest stopped): pushes events, advances the
-/// watermark on every batch and every 100 ms, logs and delivers changes,
+/// watermark on every committed batch and every 100 ms, logs and delivers changes,
 /// re-sends firing alerts every resend interval, writes the history every
 /// few seconds. On the way out it writes the last history rows and gives
 /// receivers a few seconds to take what is queued.
 pub async fn run(
     mut engine: AlertEngine,
-    mut events: UnboundedReceiver<LiveInput>,
+    mut events: CommittedReceiver,
     notifier: Notifier,
     lake: Lake,
 ) {
@@ -110,17 +97,12 @@ pub async fn run(
     let mut open = true;
     while open {
         tokio::select! {
-            input = events.recv() => match input {
-                Some(input) => {
+            batch = events.recv() => match batch {
+                // One evaluation per committed batch, not one per event.
+                Some(batch) => {
                     let now = now_us();
-                    take(input, &mut engine, &mut clock, &mut keying, now);
-                    // Take what else is waiting, so a burst costs one
-                    // evaluation, not one per event.
-                    for _ in 0..65_536 {
-                        match events.try_recv() {
-                            Ok(input) => take(input, &mut engine, &mut clock, &mut keying, now),
-                            Err(_) => break,
-                        }
+                    for input in batch {
+                        take(input, &mut engine, &mut clock, &mut keying, now);
                     }
                 }
                 None => open = false,
@@ -162,21 +144,21 @@ pub async fn run(
 }
 
 fn take(
-    input: LiveInput,
+    input: Committed,
     engine: &mut AlertEngine,
     clock: &mut EventClock,
     keying: &mut Keying,
     now: i64,
 ) {
     match input {
-        LiveInput::Event(ev, p) => {
+        Committed::Event(ev, p) => {
             keying.see(&ev.lease_id, &p, engine);
             clock.event(p, ev.ts_us, now);
             engine.push(&ev);
         }
-        LiveInput::Assigned(p) => clock.assigned(p, now),
-        LiveInput::Revoked(p) => clock.revoked(&p),
-        LiveInput::CaughtUp(p) => clock.caught_up(&p),
+        Committed::Assigned(p) => clock.assigned(p, now),
+        Committed::Revoked(p) => clock.revoked(&p),
+        Committed::CaughtUp(p) => clock.caught_up(&p),
     }
 }
 

@@ -1,0 +1,201 @@
+//! What leaves ingest for consumers in the same process (the alert
+//! engine), and when: only once the lake has committed it.
+//!
+//! The protocol:
+//! - An accepted event is queued with the input partition it was read
+//!   from. The queue is sent, as one batch, right after the lake commit
+//!   that holds its rows.
+//! - A commit conflict that drops rows (another writer committed the
+//!   partition, or the ids) drops their queued events too; a failed flush
+//!   drops every queued event. The rows are read again from Kafka, so a
+//!   consumer sees each committed event exactly once and never one the lake
+//!   does not hold.
+//! - A partition notice ([`Committed::Assigned`], `Revoked`, `CaughtUp`)
+//!   keeps its place behind the events read before it: with nothing
+//!   buffered it is sent at once, otherwise with the next commit. So
+//!   "caught up" reaches a consumer only after everything it covers.
+//! - The channel is bounded: when the consumer falls behind, the send
+//!   waits, and with it the writer, and with it consumption. Nothing is
+//!   dropped.
+
+use std::sync::Arc;
+
+use leaseline_schema::LeaseEvent;
+use tokio::sync::mpsc;
+
+use crate::hooks::{InputPartition, Notice};
+
+/// An input partition as consumers keep it: topic (shared by every event of
+/// the partition; empty for file input) and partition.
+pub type PartitionKey = (Arc<str>, i32);
+
+/// One item of a committed batch.
+// Events are nearly all of the traffic: boxing them to shrink the rare
+// partition notices would cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Committed {
+    /// An event the lake now holds, and the partition it was read from.
+    Event(LeaseEvent<'static>, PartitionKey),
+    /// The partition is now read by this process.
+    Assigned(PartitionKey),
+    /// The partition is no longer read by this process.
+    Revoked(PartitionKey),
+    /// Everything the partition held when ingest last looked is committed.
+    CaughtUp(PartitionKey),
+}
+
+/// The receiving end: batches in commit order.
+pub type CommittedReceiver = mpsc::Receiver<Vec<Committed>>;
+
+/// The sending end, owned by the lake writer.
+pub struct Fanout {
+    tx: mpsc::Sender<Vec<Committed>>,
+    queued: Vec<Committed>,
+    topics: Vec<Arc<str>>,
+}
+
+impl Fanout {
+    /// A fan-out holding at most `capacity` committed batches that the
+    /// consumer has not taken yet.
+    pub fn channel(capacity: usize) -> (Fanout, CommittedReceiver) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (
+            Fanout {
+                tx,
+                queued: Vec::new(),
+                topics: Vec::new(),
+            },
+            rx,
+        )
+    }
+
+    fn key(&mut self, p: InputPartition<'_>) -> PartitionKey {
+        let topic = match self.topics.iter().find(|t| &***t == p.topic) {
+            Some(t) => t.clone(),
+            None => {
+                let t: Arc<str> = Arc::from(p.topic);
+                self.topics.push(t.clone());
+                t
+            }
+        };
+        (topic, p.partition)
+    }
+
+    pub(crate) fn event(&mut self, ev: &LeaseEvent<'_>, from: InputPartition<'_>) {
+        let key = self.key(from);
+        self.queued
+            .push(Committed::Event(ev.clone().into_owned(), key));
+    }
+
+    /// Queues a partition notice behind the events read before it.
+    pub(crate) fn notice(&mut self, notice: Notice<'_>) {
+        let item = match notice {
+            Notice::Assigned(p) => Committed::Assigned(self.key(p)),
+            Notice::Revoked(p) => Committed::Revoked(self.key(p)),
+            Notice::CaughtUp(p) => Committed::CaughtUp(self.key(p)),
+        };
+        // A source may say "caught up" on every poll; once queued is enough.
+        if matches!(item, Committed::CaughtUp(_)) && self.queued.contains(&item) {
+            return;
+        }
+        self.queued.push(item);
+    }
+
+    /// Drops queued events the commit did not keep.
+    pub(crate) fn retain_events(
+        &mut self,
+        mut keep: impl FnMut(&LeaseEvent<'_>, &PartitionKey) -> bool,
+    ) {
+        self.queued.retain(|c| match c {
+            Committed::Event(ev, p) => keep(ev, p),
+            _ => true,
+        });
+    }
+
+    /// After a failed flush: the buffered events are gone (they will be
+    /// read again); partition notices stay.
+    pub(crate) fn drop_events(&mut self) {
+        self.retain_events(|_, _| false);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queued.is_empty()
+    }
+
+    /// Sends what is queued, waiting while the consumer is a full channel
+    /// behind. A consumer that has gone away loses nothing of the lake; its
+    /// batches are dropped.
+    pub(crate) async fn send(&mut self) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.queued);
+        let _ = self.tx.send(batch).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(id: &str) -> LeaseEvent<'static> {
+        leaseline_schema::decode(
+            format!(
+                r#"{{"ts":"2026-01-01T00:00:00Z","kind":"acquired","source":"coordinator","lease_id":"l","holder_id":"h","fencing_token":1,"ttl_ms":1000,"backend":"etcd","event_id":"{id}"}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+        .into_owned()
+    }
+
+    const P0: InputPartition<'static> = InputPartition {
+        topic: "t",
+        partition: 0,
+    };
+
+    #[tokio::test]
+    async fn a_notice_keeps_its_place_behind_the_events_before_it() {
+        let (mut f, mut rx) = Fanout::channel(4);
+        f.event(&ev("a"), P0);
+        f.notice(Notice::CaughtUp(P0));
+        f.notice(Notice::CaughtUp(P0));
+        f.send().await;
+        let batch = rx.recv().await.unwrap();
+        assert_eq!(batch.len(), 2, "{batch:?}");
+        assert!(matches!(&batch[0], Committed::Event(e, _) if e.event_id.as_deref() == Some("a")));
+        assert_eq!(batch[1], Committed::CaughtUp((Arc::from("t"), 0)));
+    }
+
+    #[tokio::test]
+    async fn events_a_commit_dropped_never_reach_the_consumer() {
+        let (mut f, mut rx) = Fanout::channel(4);
+        f.event(&ev("a"), P0);
+        f.event(&ev("b"), P0);
+        f.notice(Notice::Assigned(P0));
+        f.retain_events(|e, _| e.event_id.as_deref() != Some("a"));
+        f.send().await;
+        let batch = rx.recv().await.unwrap();
+        assert_eq!(batch.len(), 2);
+        assert!(matches!(&batch[0], Committed::Event(e, _) if e.event_id.as_deref() == Some("b")));
+        f.event(&ev("c"), P0);
+        f.drop_events();
+        assert!(f.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_channel_makes_the_sender_wait() {
+        let (mut f, mut rx) = Fanout::channel(1);
+        f.event(&ev("a"), P0);
+        f.send().await;
+        f.event(&ev("b"), P0);
+        let mut second = Box::pin(f.send());
+        // The consumer has not taken the first batch: the second waits.
+        assert!(futures::poll!(second.as_mut()).is_pending());
+        rx.recv().await.unwrap();
+        second.await;
+        assert_eq!(rx.recv().await.unwrap().len(), 1);
+    }
+}
