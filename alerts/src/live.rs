@@ -2,7 +2,10 @@
 //! has committed them (`leaseline_ingest::fanout`), alerts out to the
 //! console, the receivers and the history table, time moved by the events
 //! of every input partition, and by the wall clock only when no partition
-//! has anything waiting (see [`crate::clock`]).
+//! has anything waiting (see [`crate::clock`]). Each assigned Kafka
+//! partition's history is first rebuilt from the lake
+//! ([`crate::rebuild`]), so a restart loses no pending alert and records
+//! none twice.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -16,7 +19,8 @@ use tracing::{error, info, warn};
 use crate::alert::{Alert, AlertState};
 use crate::clock::{EventClock, PartitionKey};
 use crate::engine::AlertEngine;
-use crate::history::AlertHistory;
+use crate::history::{AlertHistory, Recorded};
+use crate::rebuild::{PartitionHistory, Positions};
 use crate::notify::Notifier;
 
 const TICK: Duration = Duration::from_millis(100);
@@ -88,6 +92,8 @@ pub async fn run(
         engine.config().partition_idle_timeout,
     );
     let mut keying = Keying::default();
+    let mut positions = Positions::default();
+    let mut recorded = Recorded::default();
     let mut history = AlertHistory::new();
     let resend = engine.config().resend_interval;
     let mut last_resend = Instant::now();
@@ -95,14 +101,29 @@ pub async fn run(
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut open = true;
+    let mut from_kafka = false;
     while open {
         tokio::select! {
             batch = events.recv() => match batch {
                 // One evaluation per committed batch, not one per event.
                 Some(batch) => {
+                    from_kafka |= batch.iter().any(|c| !partition_of(c).0.is_empty());
+                    let lake_history = if batch.iter().any(|c| matches!(c, Committed::Assigned(p) if !p.0.is_empty())) {
+                        rebuild_sources(&lake, &mut recorded).await
+                    } else {
+                        None
+                    };
                     let now = now_us();
+                    let mut ctx = Take {
+                        engine: &mut engine,
+                        clock: &mut clock,
+                        keying: &mut keying,
+                        positions: &mut positions,
+                        lake_history: lake_history.as_ref(),
+                        now,
+                    };
                     for input in batch {
-                        take(input, &mut engine, &mut clock, &mut keying, now);
+                        ctx.take(input);
                     }
                 }
                 None => open = false,
@@ -112,7 +133,17 @@ pub async fn run(
         // Without a watermark (nothing assigned, or a partition not read
         // yet), time stands; violations found meanwhile stay pending.
         engine.advance(clock.watermark(now_us()).unwrap_or(i64::MIN));
-        let changes = engine.take_changes();
+        if !open && !from_kafka {
+            // File input (the demo's simulator) has ended, stopped or not:
+            // nothing more can arrive late, so the lateness window closes,
+            // as at the end of `check FILE`. Kafka input goes on after a
+            // restart, which rebuilds the pending alerts instead.
+            engine.finish_replay();
+        }
+        let mut changes = engine.take_changes();
+        // A rebuilt engine raises its history's alerts again; those recorded
+        // before are not news.
+        changes.retain(|a| !recorded.contains(a, !notifier.is_empty()));
         if !changes.is_empty() {
             for a in &changes {
                 log_change(a);
@@ -143,22 +174,74 @@ pub async fn run(
     info!("alert engine stopped");
 }
 
-fn take(
-    input: Committed,
-    engine: &mut AlertEngine,
-    clock: &mut EventClock,
-    keying: &mut Keying,
-    now: i64,
-) {
-    match input {
-        Committed::Event(ev, p) => {
-            keying.see(&ev.lease_id, &p, engine);
-            clock.event(p, ev.ts_us, now);
-            engine.push(&ev);
+/// What the lake gives an assignment: the partitions' history and what
+/// `lease_alerts` holds (added to `recorded`). On error the engine goes on
+/// with what it has: alerts from live events still work.
+async fn rebuild_sources(lake: &Lake, recorded: &mut Recorded) -> Option<PartitionHistory> {
+    match Recorded::load(lake).await {
+        Ok(r) => recorded.extend(r),
+        Err(e) => error!(error = %e, "could not read lease_alerts; alerts recorded before may be recorded again"),
+    }
+    match PartitionHistory::load(lake).await {
+        Ok(h) => Some(h),
+        Err(e) => {
+            error!(error = %e, "could not read the assigned partitions' history from the lake; alerts pending before a restart may be missed");
+            None
         }
-        Committed::Assigned(p) => clock.assigned(p, now),
-        Committed::Revoked(p) => clock.revoked(&p),
-        Committed::CaughtUp(p) => clock.caught_up(&p),
+    }
+}
+
+fn partition_of(c: &Committed) -> &PartitionKey {
+    match c {
+        Committed::Event(_, p, _)
+        | Committed::Assigned(p)
+        | Committed::Revoked(p)
+        | Committed::CaughtUp(p) => p,
+    }
+}
+
+/// One committed batch going into the engine.
+struct Take<'a> {
+    engine: &'a mut AlertEngine,
+    clock: &'a mut EventClock,
+    keying: &'a mut Keying,
+    positions: &'a mut Positions,
+    lake_history: Option<&'a PartitionHistory>,
+    now: i64,
+}
+
+impl Take<'_> {
+    fn take(&mut self, input: Committed) {
+        match input {
+            Committed::Event(ev, p, offset) => {
+                if self.positions.take(&p, offset) {
+                    self.event(&ev, &p);
+                }
+            }
+            Committed::Assigned(p) => {
+                self.clock.assigned(p.clone(), self.now);
+                if let Some(h) = self.lake_history {
+                    let mut replayed = Vec::new();
+                    let n = h.replay(&p, self.positions, |ev| replayed.push(ev.clone().into_owned()));
+                    match n {
+                        Ok(n) if n > 0 => info!(topic = %p.0, partition = p.1, events = n, "rebuilt the partition's history from the lake"),
+                        Ok(_) => {}
+                        Err(e) => error!(topic = %p.0, partition = p.1, error = %e, "could not rebuild the partition's history"),
+                    }
+                    for ev in &replayed {
+                        self.event(ev, &p);
+                    }
+                }
+            }
+            Committed::Revoked(p) => self.clock.revoked(&p),
+            Committed::CaughtUp(p) => self.clock.caught_up(&p),
+        }
+    }
+
+    fn event(&mut self, ev: &LeaseEvent<'_>, p: &PartitionKey) {
+        self.keying.see(&ev.lease_id, p, self.engine);
+        self.clock.event(p.clone(), ev.ts_us, self.now);
+        self.engine.push(ev);
     }
 }
 

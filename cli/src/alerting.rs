@@ -196,7 +196,7 @@ pub fn replay_fanout(cfg: &Config) -> (Fanout, tokio::task::JoinHandle<AlertEngi
     let task = tokio::spawn(async move {
         while let Some(batch) = rx.recv().await {
             for c in batch {
-                if let Committed::Event(ev, _) = c {
+                if let Committed::Event(ev, _, _) = c {
                     engine.push(&ev);
                 }
             }

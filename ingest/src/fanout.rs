@@ -35,8 +35,9 @@ pub type PartitionKey = (Arc<str>, i32);
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Committed {
-    /// An event the lake now holds, and the partition it was read from.
-    Event(LeaseEvent<'static>, PartitionKey),
+    /// An event the lake now holds, the partition it was read from and its
+    /// Kafka offset there (none for file input).
+    Event(LeaseEvent<'static>, PartitionKey, Option<i64>),
     /// The partition is now read by this process.
     Assigned(PartitionKey),
     /// The partition is no longer read by this process.
@@ -82,10 +83,15 @@ impl Fanout {
         (topic, p.partition)
     }
 
-    pub(crate) fn event(&mut self, ev: &LeaseEvent<'_>, from: InputPartition<'_>) {
+    pub(crate) fn event(
+        &mut self,
+        ev: &LeaseEvent<'_>,
+        from: InputPartition<'_>,
+        offset: Option<i64>,
+    ) {
         let key = self.key(from);
         self.queued
-            .push(Committed::Event(ev.clone().into_owned(), key));
+            .push(Committed::Event(ev.clone().into_owned(), key, offset));
     }
 
     /// Queues a partition notice behind the events read before it.
@@ -108,7 +114,7 @@ impl Fanout {
         mut keep: impl FnMut(&LeaseEvent<'_>, &PartitionKey) -> bool,
     ) {
         self.queued.retain(|c| match c {
-            Committed::Event(ev, p) => keep(ev, p),
+            Committed::Event(ev, p, _) => keep(ev, p),
             _ => true,
         });
     }
@@ -159,28 +165,28 @@ mod tests {
     #[tokio::test]
     async fn a_notice_keeps_its_place_behind_the_events_before_it() {
         let (mut f, mut rx) = Fanout::channel(4);
-        f.event(&ev("a"), P0);
+        f.event(&ev("a"), P0, None);
         f.notice(Notice::CaughtUp(P0));
         f.notice(Notice::CaughtUp(P0));
         f.send().await;
         let batch = rx.recv().await.unwrap();
         assert_eq!(batch.len(), 2, "{batch:?}");
-        assert!(matches!(&batch[0], Committed::Event(e, _) if e.event_id.as_deref() == Some("a")));
+        assert!(matches!(&batch[0], Committed::Event(e, _, _) if e.event_id.as_deref() == Some("a")));
         assert_eq!(batch[1], Committed::CaughtUp((Arc::from("t"), 0)));
     }
 
     #[tokio::test]
     async fn events_a_commit_dropped_never_reach_the_consumer() {
         let (mut f, mut rx) = Fanout::channel(4);
-        f.event(&ev("a"), P0);
-        f.event(&ev("b"), P0);
+        f.event(&ev("a"), P0, None);
+        f.event(&ev("b"), P0, None);
         f.notice(Notice::Assigned(P0));
         f.retain_events(|e, _| e.event_id.as_deref() != Some("a"));
         f.send().await;
         let batch = rx.recv().await.unwrap();
         assert_eq!(batch.len(), 2);
-        assert!(matches!(&batch[0], Committed::Event(e, _) if e.event_id.as_deref() == Some("b")));
-        f.event(&ev("c"), P0);
+        assert!(matches!(&batch[0], Committed::Event(e, _, _) if e.event_id.as_deref() == Some("b")));
+        f.event(&ev("c"), P0, None);
         f.drop_events();
         assert!(f.is_empty());
     }
@@ -188,9 +194,9 @@ mod tests {
     #[tokio::test]
     async fn a_full_channel_makes_the_sender_wait() {
         let (mut f, mut rx) = Fanout::channel(1);
-        f.event(&ev("a"), P0);
+        f.event(&ev("a"), P0, None);
         f.send().await;
-        f.event(&ev("b"), P0);
+        f.event(&ev("b"), P0, None);
         let mut second = Box::pin(f.send());
         // The consumer has not taken the first batch: the second waits.
         assert!(futures::poll!(second.as_mut()).is_pending());

@@ -225,16 +225,21 @@ impl LakeWriter {
                     self.events.append(&ev, &origin, now);
                     self.stats.events += 1;
                     if let Some(f) = &mut self.fanout {
-                        let from = match &origin {
+                        let (from, offset) = match &origin {
                             Origin::Kafka {
-                                topic, partition, ..
-                            } => InputPartition {
                                 topic,
-                                partition: *partition,
-                            },
-                            Origin::File { .. } => InputPartition::FILE,
+                                partition,
+                                offset,
+                            } => (
+                                InputPartition {
+                                    topic,
+                                    partition: *partition,
+                                },
+                                Some(*offset),
+                            ),
+                            Origin::File { .. } => (InputPartition::FILE, None),
                         };
-                        f.event(&ev, from);
+                        f.event(&ev, from, offset);
                     }
                     if let Some(m) = &self.metrics {
                         IngestMetrics::add(&m.events, 1);

@@ -52,7 +52,7 @@ async fn import_collecting(
 fn event_ids(got: &[Committed]) -> Vec<String> {
     got.iter()
         .filter_map(|c| match c {
-            Committed::Event(ev, _) => Some(ev.event_id.clone().unwrap().into_owned()),
+            Committed::Event(ev, _, _) => Some(ev.event_id.clone().unwrap().into_owned()),
             _ => None,
         })
         .collect()

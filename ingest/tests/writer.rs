@@ -157,7 +157,7 @@ fn fanned_out(rx: &mut leaseline_ingest::CommittedReceiver) -> Vec<String> {
     let mut ids = Vec::new();
     while let Ok(batch) = rx.try_recv() {
         for c in batch {
-            if let Committed::Event(ev, _) = c {
+            if let Committed::Event(ev, _, _) = c {
                 ids.push(ev.event_id.unwrap().into_owned());
             }
         }
@@ -185,7 +185,7 @@ async fn consumers_see_an_event_only_once_the_lake_holds_it() {
     let batch = rx.try_recv().unwrap();
     assert_eq!(batch.len(), 2, "{batch:?}");
     assert!(
-        matches!(&batch[0], Committed::Event(ev, (t, 0)) if &**t == "t" && ev.event_id.as_deref() == Some("a"))
+        matches!(&batch[0], Committed::Event(ev, (t, 0), _) if &**t == "t" && ev.event_id.as_deref() == Some("a"))
     );
     assert_eq!(batch[1], Committed::CaughtUp(("t".into(), 0)));
 }
