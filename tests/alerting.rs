@@ -651,7 +651,10 @@ fn checked_firing(dir: &Path, cfg: &Path, history: &Path) -> Vec<(String, String
 /// The event alerts a webhook was sent as firing, and as resolved, by key.
 fn webhook_alerts(
     webhook: &HttpSink,
-) -> (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>) {
+) -> (
+    std::collections::BTreeSet<String>,
+    std::collections::BTreeSet<String>,
+) {
     let mut firing = std::collections::BTreeSet::new();
     let mut resolved = std::collections::BTreeSet::new();
     for r in webhook.requests() {
@@ -833,9 +836,21 @@ async fn sigkill_while_alerts_are_pending_loses_none_and_records_each_once() {
         produce_to(&producer, third).await;
         produced += third.len();
         let mut server = serve_with_ingest(dir.path(), &broker, &pending);
+        // The lake exists from the first flush on.
+        let committed = || {
+            let out = leaseline()
+                .args(["sql", "--format", "csv", "--lake"])
+                .arg(&lake)
+                .arg("SELECT count(*) AS n FROM lease_events")
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .nth(1)
+                .and_then(|n| n.trim().parse::<usize>().ok())
+        };
         assert!(
-            wait_until(Duration::from_secs(90), || count(&lake, "lease_events")
-                == produced),
+            wait_until(Duration::from_secs(90), || committed() == Some(produced)),
             "the lake never held {produced} events:\n{}",
             server.proc.logs()
         );
@@ -879,8 +894,18 @@ async fn realtime_burst_and_import_send_the_same_alerts() {
     // About a minute of a small fleet with faults at high rates, so that
     // the real-time run is short and still holds every kind of alert.
     let sim: &[&str] = &[
-        "--seed", "7", "--events", "600", "--leases", "4", "--crash", "0.2", "--pause",
-        "0.2", "--double-grant", "0.2",
+        "--seed",
+        "7",
+        "--events",
+        "600",
+        "--leases",
+        "4",
+        "--crash",
+        "0.2",
+        "--pause",
+        "0.2",
+        "--double-grant",
+        "0.2",
     ];
     let history = dir.path().join("history.ndjson");
     run_ok(
@@ -895,7 +920,12 @@ async fn realtime_burst_and_import_send_the_same_alerts() {
         .lines()
         .map(str::to_string)
         .collect();
-    let settings = "lateness = \"5s\"\npartition_idle_timeout = \"2s\"";
+    // Short resolve windows: the real-time run's alerts resolve by the
+    // wall clock, which is how the test knows the engine has seen it all.
+    let settings = "lateness = \"5s\"\npartition_idle_timeout = \"2s\"\n\
+        [alerts.rules.forced_expiry]\nwindow = \"4s\"\n\
+        [alerts.rules.stale_write_rejected]\nwindow = \"4s\"\n\
+        [alerts.rules.safety_violation]\nresolve_after = \"6s\"";
     let hooks: Vec<HttpSink> = (0..3).map(|_| HttpSink::start()).collect();
     let cfgs: Vec<std::path::PathBuf> = ["realtime", "burst", "import"]
         .iter()
@@ -947,7 +977,11 @@ async fn realtime_burst_and_import_send_the_same_alerts() {
         .arg(&history)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(webhook_alerts(&hooks[2]).0, expected, "import --notify");
 
     let status = realtime.wait(Duration::from_secs(300));

@@ -1301,7 +1301,14 @@ fn a_violation_pending_when_the_demo_is_stopped_still_alerts() {
     let dir = tempfile::tempdir().unwrap();
     let (mut demo, http, _) = start_demo(
         dir.path(),
-        &["--leases", "6", "--events", "20000", "--double-grant", "0.3"],
+        &[
+            "--leases",
+            "6",
+            "--events",
+            "20000",
+            "--double-grant",
+            "0.3",
+        ],
     );
     let violations = || {
         let r = curl(&[
@@ -1326,8 +1333,10 @@ fn a_violation_pending_when_the_demo_is_stopped_still_alerts() {
     );
     // The demo started moments ago: nothing is past the 30 s lateness yet.
     assert!(
-        !demo.logs().lines().any(|l| l.contains("ALERT FIRING")
-            && l.contains("alertname=LeaseSafetyViolation")),
+        !demo
+            .logs()
+            .lines()
+            .any(|l| l.contains("ALERT FIRING") && l.contains("alertname=LeaseSafetyViolation")),
         "a safety alert fired before the lateness passed:\n{}",
         demo.logs()
     );

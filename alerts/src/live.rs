@@ -20,8 +20,8 @@ use crate::alert::{Alert, AlertState};
 use crate::clock::{EventClock, PartitionKey};
 use crate::engine::AlertEngine;
 use crate::history::{AlertHistory, Recorded};
-use crate::rebuild::{PartitionHistory, Positions};
 use crate::notify::Notifier;
+use crate::rebuild::{PartitionHistory, Positions};
 
 const TICK: Duration = Duration::from_millis(100);
 const HISTORY_FLUSH: Duration = Duration::from_secs(5);
@@ -180,7 +180,9 @@ pub async fn run(
 async fn rebuild_sources(lake: &Lake, recorded: &mut Recorded) -> Option<PartitionHistory> {
     match Recorded::load(lake).await {
         Ok(r) => recorded.extend(r),
-        Err(e) => error!(error = %e, "could not read lease_alerts; alerts recorded before may be recorded again"),
+        Err(e) => {
+            error!(error = %e, "could not read lease_alerts; alerts recorded before may be recorded again")
+        }
     }
     match PartitionHistory::load(lake).await {
         Ok(h) => Some(h),
@@ -222,11 +224,17 @@ impl Take<'_> {
                 self.clock.assigned(p.clone(), self.now);
                 if let Some(h) = self.lake_history {
                     let mut replayed = Vec::new();
-                    let n = h.replay(&p, self.positions, |ev| replayed.push(ev.clone().into_owned()));
+                    let n = h.replay(&p, self.positions, |ev| {
+                        replayed.push(ev.clone().into_owned())
+                    });
                     match n {
-                        Ok(n) if n > 0 => info!(topic = %p.0, partition = p.1, events = n, "rebuilt the partition's history from the lake"),
+                        Ok(n) if n > 0 => {
+                            info!(topic = %p.0, partition = p.1, events = n, "rebuilt the partition's history from the lake")
+                        }
                         Ok(_) => {}
-                        Err(e) => error!(topic = %p.0, partition = p.1, error = %e, "could not rebuild the partition's history"),
+                        Err(e) => {
+                            error!(topic = %p.0, partition = p.1, error = %e, "could not rebuild the partition's history")
+                        }
                     }
                     for ev in &replayed {
                         self.event(ev, &p);

@@ -131,7 +131,9 @@ impl Auditor {
     /// The audit's own copy of a pushed event's lease id, so that callers
     /// keeping per-lease state share it instead of keeping another.
     pub fn lease_name(&self, lease_id: &str) -> Option<std::sync::Arc<str>> {
-        self.leases.find(lease_id).map(|s| self.leases.get(s).clone())
+        self.leases
+            .find(lease_id)
+            .map(|s| self.leases.get(s).clone())
     }
 
     /// The audit's own copy of a string events carry (holder ids,

@@ -171,7 +171,9 @@ mod tests {
         f.send().await;
         let batch = rx.recv().await.unwrap();
         assert_eq!(batch.len(), 2, "{batch:?}");
-        assert!(matches!(&batch[0], Committed::Event(e, _, _) if e.event_id.as_deref() == Some("a")));
+        assert!(
+            matches!(&batch[0], Committed::Event(e, _, _) if e.event_id.as_deref() == Some("a"))
+        );
         assert_eq!(batch[1], Committed::CaughtUp((Arc::from("t"), 0)));
     }
 
@@ -185,7 +187,9 @@ mod tests {
         f.send().await;
         let batch = rx.recv().await.unwrap();
         assert_eq!(batch.len(), 2);
-        assert!(matches!(&batch[0], Committed::Event(e, _, _) if e.event_id.as_deref() == Some("b")));
+        assert!(
+            matches!(&batch[0], Committed::Event(e, _, _) if e.event_id.as_deref() == Some("b"))
+        );
         f.event(&ev("c"), P0, None);
         f.drop_events();
         assert!(f.is_empty());

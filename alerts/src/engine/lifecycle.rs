@@ -211,7 +211,10 @@ impl Lifecycle {
             .filter(|k| !judged.contains(*k))
             .cloned()
             .collect();
-        for v in verdicts.into_iter().chain(cleared.into_iter().map(Verdict::cleared)) {
+        for v in verdicts
+            .into_iter()
+            .chain(cleared.into_iter().map(Verdict::cleared))
+        {
             self.transition(v, b);
         }
     }

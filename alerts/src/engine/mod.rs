@@ -296,8 +296,8 @@ impl AlertEngine {
         // A second report of a grant comes within seconds; an hour past
         // the watermark, grants are let go in bulk.
         let n = self.steps.grants_len();
-        let grants = ((self.pushed.is_multiple_of(65_536) || n > 4 * 65_536) && n > 65_536)
-            .then(|| {
+        let grants =
+            ((self.pushed.is_multiple_of(65_536) || n > 4 * 65_536) && n > 65_536).then(|| {
                 self.watermark
                     .saturating_sub(3600 * US + micros(self.cfg.lateness))
             });

@@ -201,7 +201,11 @@ impl Rule for Latency {
             let n = v.len() as u64;
             let q = quantile(&mut v, r.quantile);
             if let Some(q) = q {
-                obs.rule_value(AlertName::LeaseAcquisitionLatencyHigh, backend.as_deref(), q);
+                obs.rule_value(
+                    AlertName::LeaseAcquisitionLatencyHigh,
+                    backend.as_deref(),
+                    q,
+                );
             }
             out.push(Verdict {
                 holds: n >= r.min_samples && q.is_some_and(|q| q > r.threshold_ms),
@@ -252,7 +256,11 @@ impl Rule for Renewals {
             } else {
                 failed as f64 / attempts as f64
             };
-            obs.rule_value(AlertName::LeaseRenewalFailuresHigh, backend.as_deref(), ratio);
+            obs.rule_value(
+                AlertName::LeaseRenewalFailuresHigh,
+                backend.as_deref(),
+                ratio,
+            );
             out.push(Verdict {
                 holds: attempts >= r.min_attempts && ratio > r.max_failure_ratio,
                 severity: r.severity,
