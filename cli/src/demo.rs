@@ -94,21 +94,27 @@ struct Simulator {
 }
 
 impl Source for Simulator {
-    fn poll(&mut self, timeout: Duration, take: &mut dyn FnMut(Polled<'_>)) -> Step {
+    fn poll(&mut self, timeout: Duration, take: &mut dyn FnMut(Polled<'_>) -> bool) -> Step {
         let now = chrono::Utc::now().timestamp_millis();
         let due = self.events[self.next..].partition_point(|(at, _)| *at <= now);
-        for (i, (_, line)) in self.events[self.next..self.next + due].iter().enumerate() {
-            take(Polled::Message(
+        let end = self.next + due;
+        while self.next < end {
+            let line = &self.events[self.next].1;
+            self.next += 1;
+            let more = take(Polled::Message(
                 line.as_bytes(),
                 Origin::File {
                     path: "simulator",
-                    line: (self.next + i) as u64 + 1,
+                    line: self.next as u64,
                 },
             ));
+            if !more {
+                // A flush is due; the rest is handed on the next poll.
+                return Step::More;
+            }
         }
-        self.next += due;
         // Every event due has been read: nothing of the input is waiting.
-        take(Polled::CaughtUp(InputPartition::FILE));
+        let _ = take(Polled::CaughtUp(InputPartition::FILE));
         // Until the next event falls due, or the loop's own timeout.
         let wait = match self.events.get(self.next) {
             Some((at, _)) => Duration::from_millis((at - now).max(1) as u64).min(timeout),

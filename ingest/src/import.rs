@@ -128,7 +128,7 @@ struct FileSource {
 const LINES_PER_POLL: usize = 4096;
 
 impl Source for FileSource {
-    fn poll(&mut self, _timeout: Duration, take: &mut dyn FnMut(Polled<'_>)) -> Step {
+    fn poll(&mut self, _timeout: Duration, take: &mut dyn FnMut(Polled<'_>) -> bool) -> Step {
         for _ in 0..LINES_PER_POLL {
             if self.current.is_none() {
                 match self.inputs.next() {
@@ -140,7 +140,7 @@ impl Source for FileSource {
                         ))
                     }
                     None => {
-                        take(Polled::CaughtUp(InputPartition::FILE));
+                        let _ = take(Polled::CaughtUp(InputPartition::FILE));
                         return Step::End;
                     }
                 }
@@ -172,13 +172,16 @@ impl Source for FileSource {
                 continue;
             }
             self.lines.fetch_add(1, Ordering::Relaxed);
-            take(Polled::Message(
+            let more = take(Polled::Message(
                 line,
                 Origin::File {
                     path: name,
                     line: *line_no,
                 },
             ));
+            if !more {
+                break;
+            }
         }
         Step::More
     }

@@ -370,7 +370,7 @@ struct KafkaSource {
 }
 
 impl Source for KafkaSource {
-    fn poll(&mut self, timeout: Duration, take: &mut dyn FnMut(Polled<'_>)) -> Step {
+    fn poll(&mut self, timeout: Duration, take: &mut dyn FnMut(Polled<'_>) -> bool) -> Step {
         // The writer lock is not held while polling: the rebalance and
         // statistics callbacks run inside poll and take it.
         match self.consumer.poll(timeout) {
@@ -381,7 +381,9 @@ impl Source for KafkaSource {
                     .context()
                     .resume
                     .check(topic, partition, offset);
-                take(Polled::Message(
+                // One message a poll: the loop looks at its flush policy
+                // after each.
+                let _ = take(Polled::Message(
                     msg.payload().unwrap_or_default(),
                     Origin::Kafka {
                         topic,

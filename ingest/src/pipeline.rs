@@ -71,8 +71,10 @@ pub enum Step {
 /// A source of messages.
 pub trait Source: Send {
     /// Hands what has arrived to `take`, waiting at most `timeout` for the
-    /// first of it.
-    fn poll(&mut self, timeout: Duration, take: &mut dyn FnMut(Polled<'_>)) -> Step;
+    /// first of it. `take` answers false once a flush is due: the source
+    /// then returns and hands the rest on the next poll, so that a flush
+    /// policy's row and byte limits hold however much a source has at once.
+    fn poll(&mut self, timeout: Duration, take: &mut dyn FnMut(Polled<'_>) -> bool) -> Step;
 
     /// A flush committed `report` (possibly nothing).
     fn committed(&mut self, _w: &LakeWriter, _report: &FlushReport) {}
@@ -135,6 +137,7 @@ fn drive(
                 }
                 Polled::CaughtUp(p) => w.signal(Notice::CaughtUp(p)),
             }
+            !w.should_flush(policy)
         });
         let mut w = lock(writer);
         if last_publish.elapsed() >= PUBLISH_INTERVAL {

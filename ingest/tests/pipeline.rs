@@ -99,3 +99,23 @@ async fn an_import_hands_every_committed_event_to_consumers_once_in_order() {
     assert_eq!(event_ids(&got), expected);
     assert_eq!(lake.latest().await.unwrap().rows_of(Table::LeaseRejects), 1);
 }
+
+/// `max_rows` holds however many lines a source has at once: each commit
+/// of an import holds at most that many rows.
+#[tokio::test]
+async fn a_flush_policy_row_limit_holds_within_one_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().join("lake").to_str().unwrap()).unwrap();
+    let lines: Vec<String> = (0..1_000).map(|i| line(i, 1)).collect();
+    let a = file(dir.path(), "a.ndjson", &lines);
+    let policy = FlushPolicy {
+        max_rows: 100,
+        ..FlushPolicy::default()
+    };
+    let (events, _) = import_collecting(&lake, &[&a], &policy).await;
+    assert_eq!(events, 1_000);
+    let m = lake.latest().await.unwrap();
+    let files: Vec<_> = m.files_of(Table::LeaseEvents).collect();
+    assert_eq!(files.len(), 10, "{files:?}");
+    assert!(files.iter().all(|f| f.rows == 100), "{files:?}");
+}
