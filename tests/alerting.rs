@@ -883,6 +883,135 @@ async fn sigkill_while_alerts_are_pending_loses_none_and_records_each_once() {
     );
 }
 
+/// Two `serve --ingest` in one consumer group split a faulty history's six
+/// partitions; one is stopped while the second half is being read, and the
+/// other takes its partitions over. Each alert reaches the webhooks as
+/// firing from one process only, every alert `check FILE` finds arrives,
+/// and `lease_alerts` holds exactly `check`'s firing rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_ingesters_in_a_group_alert_each_lease_once_across_a_takeover() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (history, lines) = faulty_history(dir.path());
+    // While the history is read no partition idles: the wall clock, far
+    // past the history's time, must not move the watermark between the
+    // halves. The last start settles with a short idle timeout.
+    let reading = "lateness = \"5s\"\npartition_idle_timeout = \"1h\"";
+    let settling = "lateness = \"5s\"\npartition_idle_timeout = \"2s\"";
+    let (hook_a, hook_b) = (HttpSink::start(), HttpSink::start());
+    let cfg_a = webhook_config(dir.path(), "a.toml", reading, &hook_a);
+    let cfg_b = webhook_config(dir.path(), "b.toml", reading, &hook_b);
+    let cfg_last = webhook_config(dir.path(), "last.toml", settling, &hook_a);
+    let expected_rows = checked_firing(dir.path(), &cfg_last, &history);
+    let expected: std::collections::BTreeSet<String> =
+        expected_rows.iter().map(|(k, _)| k.clone()).collect();
+
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 6).await;
+    let producer = broker.producer();
+    let lake = dir.path().join("lake");
+    let msgs: Vec<(i32, String)> = lines
+        .iter()
+        .map(|l| (lease_partition(l), l.clone()))
+        .collect();
+    let (first, second) = msgs.split_at(msgs.len() / 2);
+    let mut a = serve_with_ingest(dir.path(), &broker, &cfg_a);
+    let mut b = serve_with_ingest(dir.path(), &broker, &cfg_b);
+    let split = |s: &Server| s.proc.logs().matches("assigned partitions=").count();
+    assert!(
+        wait_until(Duration::from_secs(60), || split(&a) >= 2 && split(&b) >= 1),
+        "the group never split:\n{}\n{}",
+        a.proc.logs(),
+        b.proc.logs()
+    );
+    let committed = || {
+        let out = leaseline()
+            .args(["sql", "--format", "csv", "--lake"])
+            .arg(&lake)
+            .arg("SELECT count(*) AS n FROM lease_events")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .and_then(|n| n.trim().parse::<usize>().ok())
+    };
+    produce_to(&producer, first).await;
+    assert!(
+        wait_until(Duration::from_secs(90), || committed() == Some(first.len())),
+        "the first half never landed:\n{}\n{}",
+        a.proc.logs(),
+        b.proc.logs()
+    );
+    // One ingester stops while the second half is being read; the other
+    // takes its partitions over.
+    produce_to(&producer, second).await;
+    assert!(
+        b.proc.terminate(Duration::from_secs(60)).success(),
+        "{}",
+        b.proc.logs()
+    );
+    assert!(
+        wait_until(Duration::from_secs(90), || committed() == Some(msgs.len())),
+        "the second half never landed:\n{}",
+        a.proc.logs()
+    );
+    assert!(
+        a.proc.terminate(Duration::from_secs(60)).success(),
+        "{}",
+        a.proc.logs()
+    );
+    let mut last = serve_with_ingest(dir.path(), &broker, &cfg_last);
+
+    // Settled: every alert went out as firing and was resolved, from one
+    // process or the other.
+    let both = || {
+        let (fa, ra) = webhook_alerts(&hook_a);
+        let (fb, rb) = webhook_alerts(&hook_b);
+        (&fa | &fb, &ra | &rb)
+    };
+    let settled = wait_until(Duration::from_secs(90), || {
+        let (firing, resolved) = both();
+        firing.is_superset(&expected) && firing.is_subset(&resolved)
+    });
+    let (firing, _) = both();
+    assert!(
+        settled,
+        "missing {:?}, false {:?}\n{}",
+        expected.difference(&firing).collect::<Vec<_>>(),
+        firing.difference(&expected).collect::<Vec<_>>(),
+        last.proc.logs()
+    );
+    assert_eq!(firing, expected, "nothing false");
+    // One alert is a key and a start: a lease's forced expiries of one
+    // holder are several alerts. Each went out as firing from one
+    // ingester only, and both ingesters alerted.
+    let instances = |hook: &HttpSink| -> std::collections::BTreeSet<String> {
+        hook.requests()
+            .iter()
+            .flat_map(|r| {
+                let body: Value = serde_json::from_slice(&r.body).unwrap();
+                body["alerts"].as_array().unwrap().clone()
+            })
+            .filter(|a| {
+                a["status"] == "firing"
+                    && EVENT_ALERTS.contains(&a["labels"]["alertname"].as_str().unwrap_or(""))
+            })
+            .map(|a| format!("{}@{}", alert_key(&a["labels"]), a["startsAt"]))
+            .collect()
+    };
+    let (from_a, from_b) = (instances(&hook_a), instances(&hook_b));
+    assert!(!from_b.is_empty(), "the stopped ingester alerted nothing");
+    let twice: Vec<_> = from_a.intersection(&from_b).collect();
+    assert!(twice.is_empty(), "sent as firing by both: {twice:?}");
+    assert!(last.proc.terminate(Duration::from_secs(60)).success());
+    assert_eq!(
+        firing_rows(&lake),
+        expected_rows,
+        "lease_alerts' firing rows are check's, one each"
+    );
+}
+
 /// One history three ways: `simulate --realtime` into Kafka as `serve
 /// --ingest` reads it, the same history produced in one burst, and
 /// `import --notify` of its file. Each sends the webhook the same alerts as

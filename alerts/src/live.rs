@@ -44,16 +44,44 @@ pub fn log_change(a: &Alert) {
     }
 }
 
-/// Which input partition each lease's events come from, to tell producers
-/// that do not key by `lease_id`: correctness does not depend on it (the
-/// watermark waits for the slowest partition), but their alerts wait.
+/// Which input partition each lease's events come from, and which
+/// partitions this process reads.
+///
+/// A lease's alerts come from the process that reads its partition: after
+/// a rebalance, the new owner rebuilds the lease from the lake and alerts
+/// for it, and the old one, whose engine still holds the lease, stays
+/// quiet about it. This needs producers to key by `lease_id`, as the
+/// contract asks; those that do not are told once per lease. Their alerts
+/// are still right in one process (the watermark waits for the slowest
+/// partition), but wait longer.
 #[derive(Default)]
 struct Keying {
     partition_of: HashMap<Arc<str>, PartitionKey>,
     warned: HashSet<Arc<str>>,
+    assigned: HashSet<PartitionKey>,
 }
 
 impl Keying {
+    fn assigned(&mut self, p: &PartitionKey) {
+        self.assigned.insert(p.clone());
+    }
+
+    fn revoked(&mut self, p: &PartitionKey) {
+        self.assigned.remove(p);
+    }
+
+    /// Whether this process speaks for the alert: alerts about the fleet,
+    /// and those of leases read from files or from a partition it reads.
+    fn owns(&self, a: &Alert) -> bool {
+        let Some(lease) = a.key.lease_id.as_deref() else {
+            return true;
+        };
+        match self.partition_of.get(lease) {
+            Some(p) => p.0.is_empty() || self.assigned.contains(p),
+            None => true,
+        }
+    }
+
     fn see(&mut self, lease: &str, p: &PartitionKey, engine: &AlertEngine) {
         match self.partition_of.get(lease) {
             None => {
@@ -103,11 +131,16 @@ pub async fn run(
     let mut open = true;
     let mut from_kafka = false;
     while open {
+        // Partitions were given up in this round: their next owner reads
+        // lease_alerts, so this round's rows are written before ingest
+        // hears that the round is handled.
+        let mut revoked = false;
         tokio::select! {
             batch = events.recv() => match batch {
                 // One evaluation per committed batch, not one per event.
                 Some(batch) => {
                     from_kafka |= batch.iter().any(|c| !partition_of(c).0.is_empty());
+                    revoked |= batch.iter().any(|c| matches!(c, Committed::Revoked(_)));
                     let lake_history = if batch.iter().any(|c| matches!(c, Committed::Assigned(p) if !p.0.is_empty())) {
                         rebuild_sources(&lake, &mut recorded).await
                     } else {
@@ -143,7 +176,7 @@ pub async fn run(
         let mut changes = engine.take_changes();
         // A rebuilt engine raises its history's alerts again; those recorded
         // before are not news.
-        changes.retain(|a| !recorded.contains(a, !notifier.is_empty()));
+        changes.retain(|a| !recorded.contains(a, !notifier.is_empty()) && keying.owns(a));
         if !changes.is_empty() {
             for a in &changes {
                 log_change(a);
@@ -155,17 +188,18 @@ pub async fn run(
             let firing: Vec<Alert> = engine
                 .active()
                 .into_iter()
-                .filter(|a| a.state == AlertState::Firing)
+                .filter(|a| a.state == AlertState::Firing && keying.owns(a))
                 .collect();
             notifier.send(&firing, now_us());
             last_resend = Instant::now();
         }
-        if !history.is_empty() && (last_flush.elapsed() >= HISTORY_FLUSH || !open) {
+        if !history.is_empty() && (last_flush.elapsed() >= HISTORY_FLUSH || !open || revoked) {
             if let Err(e) = history.flush(&lake).await {
                 error!(error = %e, "could not write the alert history; will retry");
             }
             last_flush = Instant::now();
         }
+        events.handled();
     }
     if let Err(e) = history.flush(&lake).await {
         error!(error = %e, rows = history.len(), "could not write the last alert history rows");
@@ -221,6 +255,7 @@ impl Take<'_> {
                 }
             }
             Committed::Assigned(p) => {
+                self.keying.assigned(&p);
                 self.clock.assigned(p.clone(), self.now);
                 if let Some(h) = self.lake_history {
                     let mut replayed = Vec::new();
@@ -241,7 +276,10 @@ impl Take<'_> {
                     }
                 }
             }
-            Committed::Revoked(p) => self.clock.revoked(&p),
+            Committed::Revoked(p) => {
+                self.keying.revoked(&p);
+                self.clock.revoked(&p);
+            }
             Committed::CaughtUp(p) => self.clock.caught_up(&p),
         }
     }

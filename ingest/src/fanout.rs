@@ -17,11 +17,16 @@
 //! - The channel is bounded: when the consumer falls behind, the send
 //!   waits, and with it the writer, and with it consumption. Nothing is
 //!   dropped.
+//! - Before a partition is given up, the writer waits (a bounded time) for
+//!   the consumer to say it has handled everything sent so far
+//!   ([`CommittedReceiver::handled`]), so that what the consumer writes
+//!   about the partition (the alert history) is in the lake before the
+//!   next owner reads it.
 
 use std::sync::Arc;
 
 use leaseline_schema::LeaseEvent;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::hooks::{InputPartition, Notice};
 
@@ -47,13 +52,41 @@ pub enum Committed {
 }
 
 /// The receiving end: batches in commit order.
-pub type CommittedReceiver = mpsc::Receiver<Vec<Committed>>;
+pub struct CommittedReceiver {
+    rx: mpsc::Receiver<Vec<Committed>>,
+    received: u64,
+    handled: watch::Sender<u64>,
+}
+
+impl CommittedReceiver {
+    /// The next batch; `None` once ingest has stopped.
+    pub async fn recv(&mut self) -> Option<Vec<Committed>> {
+        let batch = self.rx.recv().await?;
+        self.received += 1;
+        Some(batch)
+    }
+
+    /// The next batch if one is waiting.
+    pub fn try_recv(&mut self) -> Result<Vec<Committed>, mpsc::error::TryRecvError> {
+        let batch = self.rx.try_recv()?;
+        self.received += 1;
+        Ok(batch)
+    }
+
+    /// Everything received so far is handled, what it led to written: a
+    /// writer waiting to give up a partition may go on.
+    pub fn handled(&self) {
+        self.handled.send_replace(self.received);
+    }
+}
 
 /// The sending end, owned by the lake writer.
 pub struct Fanout {
     tx: mpsc::Sender<Vec<Committed>>,
     queued: Vec<Committed>,
     topics: Vec<Arc<str>>,
+    sent: u64,
+    handled: watch::Receiver<u64>,
 }
 
 impl Fanout {
@@ -61,13 +94,20 @@ impl Fanout {
     /// consumer has not taken yet.
     pub fn channel(capacity: usize) -> (Fanout, CommittedReceiver) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
+        let (handled_tx, handled_rx) = watch::channel(0);
         (
             Fanout {
                 tx,
                 queued: Vec::new(),
                 topics: Vec::new(),
+                sent: 0,
+                handled: handled_rx,
             },
-            rx,
+            CommittedReceiver {
+                rx,
+                received: 0,
+                handled: handled_tx,
+            },
         )
     }
 
@@ -138,7 +178,21 @@ impl Fanout {
             return;
         }
         let batch = std::mem::take(&mut self.queued);
-        let _ = self.tx.send(batch).await;
+        if self.tx.send(batch).await.is_ok() {
+            self.sent += 1;
+        }
+    }
+
+    /// Sends what is queued and waits, at most `timeout`, until the
+    /// consumer has handled every batch sent. Returns false on a time-out;
+    /// a consumer that has gone away has nothing left to write.
+    pub(crate) async fn sync(&mut self, timeout: std::time::Duration) -> bool {
+        self.send().await;
+        let sent = self.sent;
+        match tokio::time::timeout(timeout, self.handled.wait_for(|h| *h >= sent)).await {
+            Ok(_) => true,
+            Err(_) => false,
+        }
     }
 }
 
@@ -193,6 +247,28 @@ mod tests {
         f.event(&ev("c"), P0, None);
         f.drop_events();
         assert!(f.is_empty());
+    }
+
+    #[tokio::test]
+    async fn sync_waits_until_the_consumer_has_handled_what_was_sent() {
+        let (mut f, mut rx) = Fanout::channel(4);
+        f.event(&ev("a"), P0, Some(0));
+        f.notice(Notice::Revoked(P0));
+        let mut sync = Box::pin(f.sync(std::time::Duration::from_secs(30)));
+        assert!(futures::poll!(sync.as_mut()).is_pending());
+        let batch = rx.recv().await.unwrap();
+        assert_eq!(batch.len(), 2);
+        // Received is not handled.
+        assert!(futures::poll!(sync.as_mut()).is_pending());
+        rx.handled();
+        assert!(sync.await);
+        // Nobody handles: the wait ends at its time-out.
+        f.event(&ev("b"), P0, Some(1));
+        assert!(!f.sync(std::time::Duration::from_millis(50)).await);
+        // A consumer gone has nothing to write.
+        drop(rx);
+        f.event(&ev("c"), P0, Some(2));
+        assert!(f.sync(std::time::Duration::from_secs(30)).await);
     }
 
     #[tokio::test]

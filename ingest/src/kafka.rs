@@ -137,6 +137,10 @@ impl ClientContext for IngestContext {
     }
 }
 
+/// How long giving up partitions waits for the process's consumers to
+/// write what they hold about them.
+const REVOKE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl ConsumerContext for IngestContext {
     fn rebalance(
         &self,
@@ -195,6 +199,15 @@ impl ConsumerContext for IngestContext {
                         topic: e.topic(),
                         partition: e.partition(),
                     }));
+                }
+                // The next owner reads what this process's consumers wrote
+                // about these partitions (the alert history): it must be in
+                // the lake before they are given up.
+                if !self.handle.block_on(w.sync_fanout(REVOKE_SYNC_TIMEOUT)) {
+                    warn!(
+                        timeout = ?REVOKE_SYNC_TIMEOUT,
+                        "the alert engine did not confirm the revoked partitions in time; their next owner may record some alerts again"
+                    );
                 }
                 info!(partitions = tpl.count(), "revoked");
                 if let Err(e) = consumer.unassign() {

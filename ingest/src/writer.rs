@@ -204,6 +204,16 @@ impl LakeWriter {
         }
     }
 
+    /// Sends the queued partition notices and waits, at most `timeout`,
+    /// for the consumers to have handled everything sent (see
+    /// [`crate::fanout`]); true when they have, or when there are none.
+    pub async fn sync_fanout(&mut self, timeout: std::time::Duration) -> bool {
+        match &mut self.fanout {
+            Some(f) => f.sync(timeout).await,
+            None => true,
+        }
+    }
+
     /// True if the lake already holds this Kafka message.
     pub fn already_committed(&self, topic: &str, partition: i32, offset: i64) -> bool {
         self.manifest
