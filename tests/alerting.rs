@@ -547,13 +547,9 @@ fn lease_partition(line: &str) -> i32 {
     (lease.bytes().map(u32::from).sum::<u32>() % 6) as i32
 }
 
-/// A history with every fault, produced in one burst laid out as `layout`
-/// says. The alerts sent as firing are exactly those `check FILE` finds;
-/// none is missing and none is false.
-async fn a_burst_alerts_exactly_what_check_finds(layout: Layout) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let history = dir.path().join("history.ndjson");
+/// A simulated history with every fault switch on: its file and lines.
+fn faulty_history(dir: &Path) -> (std::path::PathBuf, Vec<String>) {
+    let history = dir.join("history.ndjson");
     let out = leaseline()
         .args([
             "simulate",
@@ -581,32 +577,59 @@ async fn a_burst_alerts_exactly_what_check_finds(layout: Layout) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let lines: Vec<String> = std::fs::read_to_string(&history)
+    let lines = std::fs::read_to_string(&history)
         .unwrap()
         .lines()
         .map(str::to_string)
         .collect();
+    (history, lines)
+}
 
-    let webhook = HttpSink::start();
-    let cfg = dir.path().join("leaseline.toml");
+/// A config with `alerts` settings and one webhook receiver.
+fn webhook_config(dir: &Path, name: &str, alerts: &str, webhook: &HttpSink) -> std::path::PathBuf {
+    let cfg = dir.join(name);
     std::fs::write(
         &cfg,
         format!(
-            "[alerts]\nlateness = \"5s\"\npartition_idle_timeout = \"2s\"\n\
+            "[alerts]\n{alerts}\n\
              [[alerts.receivers]]\ntype = \"webhook\"\nname = \"hook\"\nurl = \"{}/hook\"\n",
             webhook.url
         ),
     )
     .unwrap();
+    cfg
+}
 
-    // What the history holds, by `check`.
-    let checked = dir.path().join("checked");
+/// `lease_alerts`' firing rows of the alerts a history proves by its events
+/// alone, as (key, starts_at), sorted.
+fn firing_rows(lake: &Path) -> Vec<(String, String)> {
+    let mut rows: Vec<(String, String)> = sql(
+        lake,
+        "SELECT alertname, lease_id, holder_id, kind, starts_at FROM lease_alerts \
+         WHERE state = 'firing' AND alertname IN \
+         ('LeaseForcedExpiry', 'LeaseStaleWriteRejected', 'LeaseSafetyViolation')",
+        "ndjson",
+    )
+    .lines()
+    .map(|l| {
+        let v: Value = serde_json::from_str(l).unwrap();
+        (alert_key(&v), v["starts_at"].as_str().unwrap().to_string())
+    })
+    .collect();
+    rows.sort();
+    rows
+}
+
+/// What `check FILE` records for `history`: its firing rows, as
+/// [`firing_rows`] gives them. Each of the event alerts is among them.
+fn checked_firing(dir: &Path, cfg: &Path, history: &Path) -> Vec<(String, String)> {
+    let checked = dir.join("checked");
     let out = leaseline()
         .args(["check", "--config"])
-        .arg(&cfg)
+        .arg(cfg)
         .arg("--lake")
         .arg(&checked)
-        .arg(&history)
+        .arg(history)
         .output()
         .unwrap();
     assert_eq!(
@@ -615,22 +638,100 @@ async fn a_burst_alerts_exactly_what_check_finds(layout: Layout) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let expected: std::collections::BTreeSet<String> = sql(
-        &checked,
-        "SELECT DISTINCT alertname, lease_id, holder_id, kind FROM lease_alerts \
-         WHERE state = 'firing' AND alertname IN \
-         ('LeaseForcedExpiry', 'LeaseStaleWriteRejected', 'LeaseSafetyViolation')",
-        "ndjson",
-    )
-    .lines()
-    .map(|l| alert_key(&serde_json::from_str(l).unwrap()))
-    .collect();
+    let rows = firing_rows(&checked);
     for name in EVENT_ALERTS {
         assert!(
-            expected.iter().any(|k| k.starts_with(name)),
-            "the history holds a {name}: {expected:?}"
+            rows.iter().any(|(k, _)| k.starts_with(name)),
+            "the history holds a {name}: {rows:?}"
         );
     }
+    rows
+}
+
+/// The event alerts a webhook was sent as firing, and as resolved, by key.
+fn webhook_alerts(
+    webhook: &HttpSink,
+) -> (
+    std::collections::BTreeSet<String>,
+    std::collections::BTreeSet<String>,
+) {
+    let mut firing = std::collections::BTreeSet::new();
+    let mut resolved = std::collections::BTreeSet::new();
+    for r in webhook.requests() {
+        let body: Value = serde_json::from_slice(&r.body).unwrap();
+        for a in body["alerts"].as_array().unwrap() {
+            let name = a["labels"]["alertname"].as_str().unwrap_or("");
+            if !EVENT_ALERTS.contains(&name) {
+                continue;
+            }
+            match a["status"].as_str() {
+                Some("firing") => firing.insert(alert_key(&a["labels"])),
+                _ => resolved.insert(alert_key(&a["labels"])),
+            };
+        }
+    }
+    (firing, resolved)
+}
+
+/// Produces each line to its partition, one message at a time.
+async fn produce_to(producer: &rdkafka::producer::FutureProducer, msgs: &[(i32, String)]) {
+    for (p, line) in msgs {
+        let rec = rdkafka::producer::FutureRecord::<(), [u8]>::to("leases")
+            .partition(*p)
+            .payload(line.as_bytes());
+        producer
+            .send(rec, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| e)
+            .expect("produce");
+    }
+}
+
+/// Waits until every alert in `expected` went out as firing and every
+/// alert sent as firing was resolved (once the input is read and every
+/// partition idles, the engine has seen it all); then nothing false may
+/// have been sent.
+fn assert_settled(
+    webhook: &HttpSink,
+    expected: &std::collections::BTreeSet<String>,
+    server: &Server,
+) {
+    let settled = wait_until(Duration::from_secs(90), || {
+        let (firing, resolved) = webhook_alerts(webhook);
+        firing.is_superset(expected) && firing.is_subset(&resolved)
+    });
+    let (firing, resolved) = webhook_alerts(webhook);
+    let missing: Vec<_> = expected.difference(&firing).collect();
+    let false_pages: Vec<_> = firing.difference(expected).collect();
+    assert!(
+        settled,
+        "alerts never settled: {} of {} sent as firing; missing {missing:?}; false {false_pages:?}; not resolved {:?}\n{}",
+        firing.len(),
+        expected.len(),
+        firing.difference(&resolved).collect::<Vec<_>>(),
+        server.proc.logs()
+    );
+    assert!(false_pages.is_empty(), "false: {false_pages:?}");
+}
+
+/// A history with every fault, produced in one burst laid out as `layout`
+/// says. The alerts sent as firing are exactly those `check FILE` finds;
+/// none is missing and none is false.
+async fn a_burst_alerts_exactly_what_check_finds(layout: Layout) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (history, lines) = faulty_history(dir.path());
+    let webhook = HttpSink::start();
+    let cfg = webhook_config(
+        dir.path(),
+        "leaseline.toml",
+        "lateness = \"5s\"\npartition_idle_timeout = \"2s\"",
+        &webhook,
+    );
+    let expected: std::collections::BTreeSet<String> = checked_firing(dir.path(), &cfg, &history)
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
 
     let broker = Broker::start(dir.path());
     broker.create_topic("leases", 6).await;
@@ -640,92 +741,32 @@ async fn a_burst_alerts_exactly_what_check_finds(layout: Layout) {
         Layout::Keyed | Layout::OnePartitionLate => lease_partition(line),
     };
     let late = |p: i32| layout == Layout::OnePartitionLate && p == 5;
-    let produce_where = |keep: &dyn Fn(i32) -> bool| {
-        let producer = producer.clone();
-        let msgs: Vec<(i32, String)> = lines
+    let msgs_where = |keep: &dyn Fn(i32) -> bool| -> Vec<(i32, String)> {
+        lines
             .iter()
             .enumerate()
             .map(|(i, l)| (partition(i, l), l.clone()))
             .filter(|(p, _)| keep(*p))
-            .collect();
-        async move {
-            for (p, line) in msgs {
-                let rec = rdkafka::producer::FutureRecord::<(), [u8]>::to("leases")
-                    .partition(p)
-                    .payload(line.as_bytes());
-                producer
-                    .send(rec, Duration::from_secs(30))
-                    .await
-                    .map_err(|(e, _)| e)
-                    .expect("produce");
-            }
-        }
+            .collect()
     };
-    produce_where(&|p| !late(p)).await;
+    produce_to(&producer, &msgs_where(&|p| !late(p))).await;
     let server = serve_with_ingest(dir.path(), &broker, &cfg);
     if layout == Layout::OnePartitionLate {
-        let early = lines
-            .iter()
-            .enumerate()
-            .filter(|(i, l)| !late(partition(*i, l)))
-            .count();
-        assert!(early < lines.len(), "partition 5 holds leases");
+        let later = msgs_where(&late);
+        assert!(!later.is_empty(), "partition 5 holds leases");
         // Read, idle, and the wall clock past the history: an alert of the
         // early partitions has been resolved.
         assert!(
             wait_until(Duration::from_secs(90), || {
-                webhook.requests().iter().any(|r| {
-                    serde_json::from_slice::<Value>(&r.body).unwrap()["alerts"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .any(|a| a["status"] == "resolved")
-                })
+                !webhook_alerts(&webhook).1.is_empty()
             }),
             "the early partitions never settled:\n{}",
             server.proc.logs()
         );
-        produce_where(&late).await;
+        produce_to(&producer, &later).await;
     }
 
-    // Every alert the live engine raised has also been resolved once the
-    // input is read and every partition idles: then it has seen it all.
-    let sent = || -> (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>) {
-        let mut firing = std::collections::BTreeSet::new();
-        let mut resolved = std::collections::BTreeSet::new();
-        for r in webhook.requests() {
-            let body: Value = serde_json::from_slice(&r.body).unwrap();
-            for a in body["alerts"].as_array().unwrap() {
-                let name = a["labels"]["alertname"].as_str().unwrap_or("");
-                if !EVENT_ALERTS.contains(&name) {
-                    continue;
-                }
-                match a["status"].as_str() {
-                    Some("firing") => firing.insert(alert_key(&a["labels"])),
-                    _ => resolved.insert(alert_key(&a["labels"])),
-                };
-            }
-        }
-        (firing, resolved)
-    };
-    // Settled: every alert the history holds went out as firing, and was
-    // resolved once the partitions idled, so the engine has seen it all.
-    let settled = wait_until(Duration::from_secs(90), || {
-        let (firing, resolved) = sent();
-        firing.is_superset(&expected) && firing.is_subset(&resolved)
-    });
-    let (firing, resolved) = sent();
-    let missing: Vec<_> = expected.difference(&firing).collect();
-    let false_pages: Vec<_> = firing.difference(&expected).collect();
-    assert!(
-        settled,
-        "alerts never settled: {} of {} sent as firing; missing {missing:?}; false {false_pages:?}; not resolved {:?}",
-        firing.len(),
-        expected.len(),
-        firing.difference(&resolved).collect::<Vec<_>>()
-    );
-    // And no page for anything the history does not hold.
-    assert!(false_pages.is_empty(), "false: {false_pages:?}");
+    assert_settled(&webhook, &expected, &server);
     // Unkeyed, every lease came from several partitions and was counted
     // once; keyed, none.
     let metrics = server.get("/metrics").text();
@@ -750,6 +791,331 @@ async fn an_unkeyed_burst_over_six_partitions_alerts_exactly_what_check_finds() 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_partition_produced_after_the_others_settled_alerts_exactly_what_check_finds() {
     a_burst_alerts_exactly_what_check_finds(Layout::OnePartitionLate).await;
+}
+
+/// `serve --ingest` SIGKILLed three times while alerts wait for the
+/// watermark, each time after the lake committed another third of a faulty
+/// history: the restarted process rebuilds what it had from the lake. Every
+/// alert `check FILE` finds reaches the webhook as firing, nothing false
+/// does, and `lease_alerts` holds exactly `check`'s firing rows: one per
+/// alert, none lost with a killed process and none written twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_while_alerts_are_pending_loses_none_and_records_each_once() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (history, lines) = faulty_history(dir.path());
+    let webhook = HttpSink::start();
+    // A minute of lateness and an idle timeout no run reaches: the alerts of
+    // each third's last minute are pending when the process is killed.
+    let pending = webhook_config(
+        dir.path(),
+        "pending.toml",
+        "lateness = \"60s\"\npartition_idle_timeout = \"1h\"",
+        &webhook,
+    );
+    let settling = webhook_config(
+        dir.path(),
+        "settling.toml",
+        "lateness = \"60s\"\npartition_idle_timeout = \"2s\"",
+        &webhook,
+    );
+    let expected_rows = checked_firing(dir.path(), &settling, &history);
+    let expected: std::collections::BTreeSet<String> =
+        expected_rows.iter().map(|(k, _)| k.clone()).collect();
+
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 6).await;
+    let producer = broker.producer();
+    let lake = dir.path().join("lake");
+    let msgs: Vec<(i32, String)> = lines
+        .iter()
+        .map(|l| (lease_partition(l), l.clone()))
+        .collect();
+    let mut produced = 0;
+    for third in msgs.chunks(msgs.len().div_ceil(3)) {
+        produce_to(&producer, third).await;
+        produced += third.len();
+        let mut server = serve_with_ingest(dir.path(), &broker, &pending);
+        // The lake exists from the first flush on.
+        let committed = || {
+            let out = leaseline()
+                .args(["sql", "--format", "csv", "--lake"])
+                .arg(&lake)
+                .arg("SELECT count(*) AS n FROM lease_events")
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .nth(1)
+                .and_then(|n| n.trim().parse::<usize>().ok())
+        };
+        assert!(
+            wait_until(Duration::from_secs(90), || committed() == Some(produced)),
+            "the lake never held {produced} events:\n{}",
+            server.proc.logs()
+        );
+        // Killed whatever the engine and the history writer are doing.
+        server.proc.kill9();
+    }
+    // Something was still pending at the last kill: an alert of the
+    // history's last minute that nobody had been sent.
+    let (firing, _) = webhook_alerts(&webhook);
+    assert!(
+        !firing.is_superset(&expected),
+        "nothing was pending when the process was killed"
+    );
+
+    // The last start settles: every partition idles and the wall clock
+    // moves the watermark past the history.
+    let mut server = serve_with_ingest(dir.path(), &broker, &settling);
+    assert_settled(&webhook, &expected, &server);
+    assert!(server.proc.terminate(Duration::from_secs(30)).success());
+    let recorded = firing_rows(&lake);
+    let doubled: Vec<_> = recorded
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| &w[0])
+        .collect();
+    assert!(doubled.is_empty(), "recorded twice: {doubled:?}");
+    assert_eq!(
+        recorded, expected_rows,
+        "lease_alerts' firing rows are check's, one each"
+    );
+}
+
+/// Two `serve --ingest` in one consumer group split a faulty history's six
+/// partitions; one is stopped while the second half is being read, and the
+/// other takes its partitions over. Each alert reaches the webhooks as
+/// firing from one process only, every alert `check FILE` finds arrives,
+/// and `lease_alerts` holds exactly `check`'s firing rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_ingesters_in_a_group_alert_each_lease_once_across_a_takeover() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (history, lines) = faulty_history(dir.path());
+    // While the history is read no partition idles: the wall clock, far
+    // past the history's time, must not move the watermark between the
+    // halves. The last start settles with a short idle timeout.
+    let reading = "lateness = \"5s\"\npartition_idle_timeout = \"1h\"";
+    let settling = "lateness = \"5s\"\npartition_idle_timeout = \"2s\"";
+    let (hook_a, hook_b) = (HttpSink::start(), HttpSink::start());
+    let cfg_a = webhook_config(dir.path(), "a.toml", reading, &hook_a);
+    let cfg_b = webhook_config(dir.path(), "b.toml", reading, &hook_b);
+    let cfg_last = webhook_config(dir.path(), "last.toml", settling, &hook_a);
+    let expected_rows = checked_firing(dir.path(), &cfg_last, &history);
+    let expected: std::collections::BTreeSet<String> =
+        expected_rows.iter().map(|(k, _)| k.clone()).collect();
+
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 6).await;
+    let producer = broker.producer();
+    let lake = dir.path().join("lake");
+    let msgs: Vec<(i32, String)> = lines
+        .iter()
+        .map(|l| (lease_partition(l), l.clone()))
+        .collect();
+    let (first, second) = msgs.split_at(msgs.len() / 2);
+    let mut a = serve_with_ingest(dir.path(), &broker, &cfg_a);
+    let mut b = serve_with_ingest(dir.path(), &broker, &cfg_b);
+    let split = |s: &Server| s.proc.logs().matches("assigned partitions=").count();
+    assert!(
+        wait_until(Duration::from_secs(60), || split(&a) >= 2 && split(&b) >= 1),
+        "the group never split:\n{}\n{}",
+        a.proc.logs(),
+        b.proc.logs()
+    );
+    let committed = || {
+        let out = leaseline()
+            .args(["sql", "--format", "csv", "--lake"])
+            .arg(&lake)
+            .arg("SELECT count(*) AS n FROM lease_events")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .and_then(|n| n.trim().parse::<usize>().ok())
+    };
+    produce_to(&producer, first).await;
+    assert!(
+        wait_until(Duration::from_secs(90), || committed() == Some(first.len())),
+        "the first half never landed:\n{}\n{}",
+        a.proc.logs(),
+        b.proc.logs()
+    );
+    // One ingester stops while the second half is being read; the other
+    // takes its partitions over.
+    produce_to(&producer, second).await;
+    assert!(
+        b.proc.terminate(Duration::from_secs(60)).success(),
+        "{}",
+        b.proc.logs()
+    );
+    assert!(
+        wait_until(Duration::from_secs(90), || committed() == Some(msgs.len())),
+        "the second half never landed:\n{}",
+        a.proc.logs()
+    );
+    assert!(
+        a.proc.terminate(Duration::from_secs(60)).success(),
+        "{}",
+        a.proc.logs()
+    );
+    let mut last = serve_with_ingest(dir.path(), &broker, &cfg_last);
+
+    // Settled: every alert went out as firing and was resolved, from one
+    // process or the other.
+    let both = || {
+        let (fa, ra) = webhook_alerts(&hook_a);
+        let (fb, rb) = webhook_alerts(&hook_b);
+        (&fa | &fb, &ra | &rb)
+    };
+    let settled = wait_until(Duration::from_secs(90), || {
+        let (firing, resolved) = both();
+        firing.is_superset(&expected) && firing.is_subset(&resolved)
+    });
+    let (firing, _) = both();
+    assert!(
+        settled,
+        "missing {:?}, false {:?}\n{}",
+        expected.difference(&firing).collect::<Vec<_>>(),
+        firing.difference(&expected).collect::<Vec<_>>(),
+        last.proc.logs()
+    );
+    assert_eq!(firing, expected, "nothing false");
+    // One alert is a key and a start: a lease's forced expiries of one
+    // holder are several alerts. Each went out as firing from one
+    // ingester only, and both ingesters alerted.
+    let instances = |hook: &HttpSink| -> std::collections::BTreeSet<String> {
+        hook.requests()
+            .iter()
+            .flat_map(|r| {
+                let body: Value = serde_json::from_slice(&r.body).unwrap();
+                body["alerts"].as_array().unwrap().clone()
+            })
+            .filter(|a| {
+                a["status"] == "firing"
+                    && EVENT_ALERTS.contains(&a["labels"]["alertname"].as_str().unwrap_or(""))
+            })
+            .map(|a| format!("{}@{}", alert_key(&a["labels"]), a["startsAt"]))
+            .collect()
+    };
+    let (from_a, from_b) = (instances(&hook_a), instances(&hook_b));
+    assert!(!from_b.is_empty(), "the stopped ingester alerted nothing");
+    let twice: Vec<_> = from_a.intersection(&from_b).collect();
+    assert!(twice.is_empty(), "sent as firing by both: {twice:?}");
+    assert!(last.proc.terminate(Duration::from_secs(60)).success());
+    assert_eq!(
+        firing_rows(&lake),
+        expected_rows,
+        "lease_alerts' firing rows are check's, one each"
+    );
+}
+
+/// One history three ways: `simulate --realtime` into Kafka as `serve
+/// --ingest` reads it, the same history produced in one burst, and
+/// `import --notify` of its file. Each sends the webhook the same alerts as
+/// firing: those `check FILE` finds.
+#[tokio::test(flavor = "multi_thread")]
+async fn realtime_burst_and_import_send_the_same_alerts() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    // About a minute of a small fleet with faults at high rates, so that
+    // the real-time run is short and still holds every kind of alert.
+    let sim: &[&str] = &[
+        "--seed",
+        "7",
+        "--events",
+        "600",
+        "--leases",
+        "4",
+        "--crash",
+        "0.2",
+        "--pause",
+        "0.2",
+        "--double-grant",
+        "0.2",
+    ];
+    let history = dir.path().join("history.ndjson");
+    run_ok(
+        leaseline()
+            .arg("simulate")
+            .args(sim)
+            .args(["--start", "2026-09-14T10:00:00Z", "--output"])
+            .arg(&history),
+    );
+    let lines: Vec<String> = std::fs::read_to_string(&history)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    // Short resolve windows: the real-time run's alerts resolve by the
+    // wall clock, which is how the test knows the engine has seen it all.
+    let settings = "lateness = \"5s\"\npartition_idle_timeout = \"2s\"\n\
+        [alerts.rules.forced_expiry]\nwindow = \"4s\"\n\
+        [alerts.rules.stale_write_rejected]\nwindow = \"4s\"\n\
+        [alerts.rules.safety_violation]\nresolve_after = \"6s\"";
+    let hooks: Vec<HttpSink> = (0..3).map(|_| HttpSink::start()).collect();
+    let cfgs: Vec<std::path::PathBuf> = ["realtime", "burst", "import"]
+        .iter()
+        .zip(&hooks)
+        .map(|(name, hook)| webhook_config(dir.path(), &format!("{name}.toml"), settings, hook))
+        .collect();
+    let expected: std::collections::BTreeSet<String> =
+        checked_firing(dir.path(), &cfgs[2], &history)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+
+    // Real time and burst side by side, each with its broker and server.
+    let (rt_dir, burst_dir) = (dir.path().join("realtime"), dir.path().join("burst"));
+    std::fs::create_dir_all(&rt_dir).unwrap();
+    std::fs::create_dir_all(&burst_dir).unwrap();
+    let rt_broker = Broker::start(&rt_dir);
+    rt_broker.create_topic("leases", 6).await;
+    let burst_broker = Broker::start(&burst_dir);
+    burst_broker.create_topic("leases", 6).await;
+    let rt_server = serve_with_ingest(&rt_dir, &rt_broker, &cfgs[0]);
+    let mut realtime = Proc::spawn(
+        "simulate-realtime",
+        {
+            let mut cmd = leaseline();
+            cmd.arg("simulate")
+                .args(sim)
+                .args(["--start", "now", "--realtime", "--brokers"])
+                .arg(&rt_broker.addr)
+                .args(["--topic", "leases"]);
+            cmd
+        },
+        &rt_dir,
+    );
+    let msgs: Vec<(i32, String)> = lines
+        .iter()
+        .map(|l| (lease_partition(l), l.clone()))
+        .collect();
+    produce_to(&burst_broker.producer(), &msgs).await;
+    let burst_server = serve_with_ingest(&burst_dir, &burst_broker, &cfgs[1]);
+    assert_settled(&hooks[1], &expected, &burst_server);
+
+    let import_lake = dir.path().join("imported");
+    let out = leaseline()
+        .args(["import", "--notify", "--config"])
+        .arg(&cfgs[2])
+        .arg("--lake")
+        .arg(&import_lake)
+        .arg(&history)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(webhook_alerts(&hooks[2]).0, expected, "import --notify");
+
+    let status = realtime.wait(Duration::from_secs(300));
+    assert!(status.success(), "{}", realtime.logs());
+    assert_settled(&hooks[0], &expected, &rt_server);
 }
 
 #[tokio::test(flavor = "multi_thread")]

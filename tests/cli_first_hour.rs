@@ -286,27 +286,30 @@ fn demo_until(dir: &Path, lake: &Path, sim: &[&str], events: usize, n: usize) {
         .args(sim)
         .env("LEASELINE_LOG", "info");
     let mut demo = Proc::spawn(&format!("demo-{n}"), cmd, dir);
+    let count = |query: &str| {
+        let out = leaseline()
+            .args(["sql", "--lake"])
+            .arg(lake)
+            .args(["--format", "csv", query])
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| text(&out.stdout).lines().nth(1)?.parse::<usize>().ok())
+            .flatten()
+            .unwrap_or(0)
+    };
     // The simulator starts after the lake was replaced: counting before
-    // that would count the previous run's events.
+    // that would count the previous run's events. Each run goes on until
+    // its lake holds a violation, so that what it shows is never vacuous.
     let reached = wait_until(Duration::from_secs(120), || {
-        demo.logs().contains("simulator running") && {
-            let out = leaseline()
-                .args(["sql", "--lake"])
-                .arg(lake)
-                .args(["--format", "csv", "SELECT count(*) FROM lease_events"])
-                .output()
-                .unwrap();
-            out.status.success()
-                && text(&out.stdout)
-                    .lines()
-                    .nth(1)
-                    .and_then(|l| l.parse::<usize>().ok())
-                    .is_some_and(|c| c >= events)
-        }
+        demo.logs().contains("simulator running")
+            && count("SELECT count(*) FROM lease_events") >= events
+            && count("SELECT count(*) FROM lease_violations") > 0
     });
     assert!(
         reached,
-        "run {n} never reached {events} events:\n{}",
+        "run {n} never reached {events} events and a violation:\n{}",
         demo.logs()
     );
     demo.signal(libc::SIGINT);

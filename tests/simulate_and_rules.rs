@@ -1292,3 +1292,78 @@ fn check_of_a_file_alerts_the_violations_at_its_very_end() {
     .collect();
     assert_eq!(alerted, kinds);
 }
+
+/// Ctrl-C of the demo closes the lateness window: a violation that was
+/// still waiting out the lateness (30 s by default) when the demo stopped
+/// fires and is recorded, so every violation the lake holds has its alert.
+#[test]
+fn a_violation_pending_when_the_demo_is_stopped_still_alerts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut demo, http, _) = start_demo(
+        dir.path(),
+        &[
+            "--leases",
+            "6",
+            "--events",
+            "20000",
+            "--double-grant",
+            "0.3",
+        ],
+    );
+    let violations = || {
+        let r = curl(&[
+            "-X",
+            "POST",
+            "--data-binary",
+            "SELECT count(*) AS n FROM lease_violations",
+            "-H",
+            "Accept: application/json",
+            &format!("http://{http}/api/v1/sql"),
+        ]);
+        if r.status == 200 {
+            r.json()[0]["n"].as_u64().unwrap_or(0)
+        } else {
+            0
+        }
+    };
+    assert!(
+        wait_until(std::time::Duration::from_secs(60), || violations() > 0),
+        "no violation in a minute:\n{}",
+        demo.logs()
+    );
+    // The demo started moments ago: nothing is past the 30 s lateness yet.
+    assert!(
+        !demo
+            .logs()
+            .lines()
+            .any(|l| l.contains("ALERT FIRING") && l.contains("alertname=LeaseSafetyViolation")),
+        "a safety alert fired before the lateness passed:\n{}",
+        demo.logs()
+    );
+    demo.signal(libc::SIGINT);
+    let status = demo.wait(std::time::Duration::from_secs(30));
+    assert!(status.success(), "{status:?}\n{}", demo.logs());
+
+    let lake = dir.path().join("demo-lake");
+    let found: std::collections::BTreeSet<String> = sql(
+        &lake,
+        "SELECT DISTINCT lease_id, kind FROM lease_violations",
+        "csv",
+    )
+    .lines()
+    .skip(1)
+    .map(str::to_string)
+    .collect();
+    let alerted: std::collections::BTreeSet<String> = sql(
+        &lake,
+        "SELECT DISTINCT lease_id, kind FROM lease_alerts \
+         WHERE alertname = 'LeaseSafetyViolation' AND state = 'firing'",
+        "csv",
+    )
+    .lines()
+    .skip(1)
+    .map(str::to_string)
+    .collect();
+    assert!(!found.is_empty());
+    assert_eq!(alerted, found, "{}", demo.logs());
+}

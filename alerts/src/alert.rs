@@ -121,18 +121,39 @@ impl Alert {
         labels
     }
 
-    /// A stable text form of the key, for queues and logs.
+    /// A stable text form of the key, for queues, logs and the history.
     pub fn fingerprint(&self) -> String {
-        let mut s = String::new();
-        for (k, v) in self.labels() {
-            if k == "severity" {
-                continue;
-            }
-            s.push_str(k);
-            s.push('=');
-            s.push_str(&v);
-            s.push(';');
-        }
-        s
+        let k = &self.key;
+        fingerprint(
+            k.name.as_str(),
+            [
+                ("lease_id", k.lease_id.as_deref()),
+                ("holder_id", k.holder_id.as_deref()),
+                ("backend", k.backend.as_deref()),
+                ("kind", k.kind),
+            ],
+        )
     }
+}
+
+/// The text form of an alert's key from its name and key labels, as
+/// [`Alert::fingerprint`] gives it and as a `lease_alerts` row gives it
+/// back: labels in name order, empty ones left out.
+pub(crate) fn fingerprint<'a>(
+    alertname: &str,
+    labels: impl IntoIterator<Item = (&'static str, Option<&'a str>)>,
+) -> String {
+    let mut labels: BTreeMap<&str, &str> = labels
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v.filter(|v| !v.is_empty())?)))
+        .collect();
+    labels.insert("alertname", alertname);
+    let mut s = String::new();
+    for (k, v) in labels {
+        s.push_str(k);
+        s.push('=');
+        s.push_str(v);
+        s.push(';');
+    }
+    s
 }

@@ -25,11 +25,9 @@
 //! the time given; the tests below pin the rules.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-/// An input partition: topic (empty for file input) and partition number.
-pub type PartitionKey = (Arc<str>, i32);
+pub use leaseline_ingest::PartitionKey;
 
 #[derive(Debug, Clone)]
 struct Partition {
@@ -129,6 +127,7 @@ impl EventClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     const S: i64 = 1_000_000;
 

@@ -12,6 +12,8 @@ pub enum AlertError {
     Arrow(#[from] arrow::error::ArrowError),
     #[error("alert history: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
+    #[error("rebuilding alerts from the lake: {0}")]
+    Read(#[from] leaseline_schema::ReadError),
 }
 
 pub type Result<T, E = AlertError> = std::result::Result<T, E>;

@@ -25,6 +25,7 @@ mod history;
 pub mod live;
 mod metrics;
 mod notify;
+pub mod rebuild;
 mod text;
 
 pub use crate::alert::{Alert, AlertKey, AlertName, AlertState};
@@ -34,6 +35,6 @@ pub use crate::config::{
 };
 pub use crate::engine::AlertEngine;
 pub use crate::error::{AlertError, Result};
-pub use crate::history::{AlertHistory, ALERTS_DIR};
+pub use crate::history::{AlertHistory, Recorded, ALERTS_DIR};
 pub use crate::metrics::{LeaseMetrics, LeaseTotals};
 pub use crate::notify::Notifier;

@@ -1,22 +1,27 @@
-//! The engine in a running service: events in from ingest, alerts out to
-//! the console, the receivers and the history table, time moved by the
-//! events of every input partition, and by the wall clock only when no
-//! partition has anything waiting (see [`crate::clock`]).
+//! The engine in a running service: events in from ingest once the lake
+//! has committed them (`leaseline_ingest::fanout`), alerts out to the
+//! console, the receivers and the history table, time moved by the events
+//! of every input partition, and by the wall clock only when no partition
+//! has anything waiting (see [`crate::clock`]). Each assigned Kafka
+//! partition's history is first rebuilt from the lake
+//! ([`crate::rebuild`]), so a restart loses no pending alert and records
+//! none twice.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use leaseline_ingest::{Committed, CommittedReceiver};
 use leaseline_lake::Lake;
 use leaseline_schema::LeaseEvent;
-use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{error, info, warn};
 
 use crate::alert::{Alert, AlertState};
 use crate::clock::{EventClock, PartitionKey};
 use crate::engine::AlertEngine;
-use crate::history::AlertHistory;
+use crate::history::{AlertHistory, Recorded};
 use crate::notify::Notifier;
+use crate::rebuild::{PartitionHistory, Positions};
 
 const TICK: Duration = Duration::from_millis(100);
 const HISTORY_FLUSH: Duration = Duration::from_secs(5);
@@ -39,30 +44,44 @@ pub fn log_change(a: &Alert) {
     }
 }
 
-/// What the live engine reads from ingest, in order.
-// Events are nearly all of the traffic: boxing them to shrink the rare
-// partition notices would cost an allocation per event.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum LiveInput {
-    /// An event and the input partition it was read from.
-    Event(LeaseEvent<'static>, PartitionKey),
-    Assigned(PartitionKey),
-    Revoked(PartitionKey),
-    /// Nothing of the partition is waiting to be read.
-    CaughtUp(PartitionKey),
-}
-
-/// Which input partition each lease's events come from, to tell producers
-/// that do not key by `lease_id`: correctness does not depend on it (the
-/// watermark waits for the slowest partition), but their alerts wait.
+/// Which input partition each lease's events come from, and which
+/// partitions this process reads.
+///
+/// A lease's alerts come from the process that reads its partition: after
+/// a rebalance, the new owner rebuilds the lease from the lake and alerts
+/// for it, and the old one, whose engine still holds the lease, stays
+/// quiet about it. This needs producers to key by `lease_id`, as the
+/// contract asks; those that do not are told once per lease. Their alerts
+/// are still right in one process (the watermark waits for the slowest
+/// partition), but wait longer.
 #[derive(Default)]
 struct Keying {
     partition_of: HashMap<Arc<str>, PartitionKey>,
     warned: HashSet<Arc<str>>,
+    assigned: HashSet<PartitionKey>,
 }
 
 impl Keying {
+    fn assigned(&mut self, p: &PartitionKey) {
+        self.assigned.insert(p.clone());
+    }
+
+    fn revoked(&mut self, p: &PartitionKey) {
+        self.assigned.remove(p);
+    }
+
+    /// Whether this process speaks for the alert: alerts about the fleet,
+    /// and those of leases read from files or from a partition it reads.
+    fn owns(&self, a: &Alert) -> bool {
+        let Some(lease) = a.key.lease_id.as_deref() else {
+            return true;
+        };
+        match self.partition_of.get(lease) {
+            Some(p) => p.0.is_empty() || self.assigned.contains(p),
+            None => true,
+        }
+    }
+
     fn see(&mut self, lease: &str, p: &PartitionKey, engine: &AlertEngine) {
         match self.partition_of.get(lease) {
             None => {
@@ -86,13 +105,13 @@ impl Keying {
 }
 
 /// Runs until `events` closes (ingest stopped): pushes events, advances the
-/// watermark on every batch and every 100 ms, logs and delivers changes,
+/// watermark on every committed batch and every 100 ms, logs and delivers changes,
 /// re-sends firing alerts every resend interval, writes the history every
 /// few seconds. On the way out it writes the last history rows and gives
 /// receivers a few seconds to take what is queued.
 pub async fn run(
     mut engine: AlertEngine,
-    mut events: UnboundedReceiver<LiveInput>,
+    mut events: CommittedReceiver,
     notifier: Notifier,
     lake: Lake,
 ) {
@@ -101,6 +120,8 @@ pub async fn run(
         engine.config().partition_idle_timeout,
     );
     let mut keying = Keying::default();
+    let mut positions = Positions::default();
+    let mut recorded = Recorded::default();
     let mut history = AlertHistory::new();
     let resend = engine.config().resend_interval;
     let mut last_resend = Instant::now();
@@ -108,19 +129,34 @@ pub async fn run(
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut open = true;
+    let mut from_kafka = false;
     while open {
+        // Partitions were given up in this round: their next owner reads
+        // lease_alerts, so this round's rows are written before ingest
+        // hears that the round is handled.
+        let mut revoked = false;
         tokio::select! {
-            input = events.recv() => match input {
-                Some(input) => {
+            batch = events.recv() => match batch {
+                // One evaluation per committed batch, not one per event.
+                Some(batch) => {
+                    from_kafka |= batch.iter().any(|c| !partition_of(c).0.is_empty());
+                    revoked |= batch.iter().any(|c| matches!(c, Committed::Revoked(_)));
+                    let lake_history = if batch.iter().any(|c| matches!(c, Committed::Assigned(p) if !p.0.is_empty())) {
+                        rebuild_sources(&lake, &mut recorded).await
+                    } else {
+                        None
+                    };
                     let now = now_us();
-                    take(input, &mut engine, &mut clock, &mut keying, now);
-                    // Take what else is waiting, so a burst costs one
-                    // evaluation, not one per event.
-                    for _ in 0..65_536 {
-                        match events.try_recv() {
-                            Ok(input) => take(input, &mut engine, &mut clock, &mut keying, now),
-                            Err(_) => break,
-                        }
+                    let mut ctx = Take {
+                        engine: &mut engine,
+                        clock: &mut clock,
+                        keying: &mut keying,
+                        positions: &mut positions,
+                        lake_history: lake_history.as_ref(),
+                        now,
+                    };
+                    for input in batch {
+                        ctx.take(input);
                     }
                 }
                 None => open = false,
@@ -130,7 +166,17 @@ pub async fn run(
         // Without a watermark (nothing assigned, or a partition not read
         // yet), time stands; violations found meanwhile stay pending.
         engine.advance(clock.watermark(now_us()).unwrap_or(i64::MIN));
-        let changes = engine.take_changes();
+        if !open && !from_kafka {
+            // File input (the demo's simulator) has ended, stopped or not:
+            // nothing more can arrive late, so the lateness window closes,
+            // as at the end of `check FILE`. Kafka input goes on after a
+            // restart, which rebuilds the pending alerts instead.
+            engine.finish_replay();
+        }
+        let mut changes = engine.take_changes();
+        // A rebuilt engine raises its history's alerts again; those recorded
+        // before are not news.
+        changes.retain(|a| !recorded.contains(a, !notifier.is_empty()) && keying.owns(a));
         if !changes.is_empty() {
             for a in &changes {
                 log_change(a);
@@ -142,17 +188,18 @@ pub async fn run(
             let firing: Vec<Alert> = engine
                 .active()
                 .into_iter()
-                .filter(|a| a.state == AlertState::Firing)
+                .filter(|a| a.state == AlertState::Firing && keying.owns(a))
                 .collect();
             notifier.send(&firing, now_us());
             last_resend = Instant::now();
         }
-        if !history.is_empty() && (last_flush.elapsed() >= HISTORY_FLUSH || !open) {
+        if !history.is_empty() && (last_flush.elapsed() >= HISTORY_FLUSH || !open || revoked) {
             if let Err(e) = history.flush(&lake).await {
                 error!(error = %e, "could not write the alert history; will retry");
             }
             last_flush = Instant::now();
         }
+        events.handled();
     }
     if let Err(e) = history.flush(&lake).await {
         error!(error = %e, rows = history.len(), "could not write the last alert history rows");
@@ -161,22 +208,86 @@ pub async fn run(
     info!("alert engine stopped");
 }
 
-fn take(
-    input: LiveInput,
-    engine: &mut AlertEngine,
-    clock: &mut EventClock,
-    keying: &mut Keying,
-    now: i64,
-) {
-    match input {
-        LiveInput::Event(ev, p) => {
-            keying.see(&ev.lease_id, &p, engine);
-            clock.event(p, ev.ts_us, now);
-            engine.push(&ev);
+/// What the lake gives an assignment: the partitions' history and what
+/// `lease_alerts` holds (added to `recorded`). On error the engine goes on
+/// with what it has: alerts from live events still work.
+async fn rebuild_sources(lake: &Lake, recorded: &mut Recorded) -> Option<PartitionHistory> {
+    match Recorded::load(lake).await {
+        Ok(r) => recorded.extend(r),
+        Err(e) => {
+            error!(error = %e, "could not read lease_alerts; alerts recorded before may be recorded again")
         }
-        LiveInput::Assigned(p) => clock.assigned(p, now),
-        LiveInput::Revoked(p) => clock.revoked(&p),
-        LiveInput::CaughtUp(p) => clock.caught_up(&p),
+    }
+    match PartitionHistory::load(lake).await {
+        Ok(h) => Some(h),
+        Err(e) => {
+            error!(error = %e, "could not read the assigned partitions' history from the lake; alerts pending before a restart may be missed");
+            None
+        }
+    }
+}
+
+fn partition_of(c: &Committed) -> &PartitionKey {
+    match c {
+        Committed::Event(_, p, _)
+        | Committed::Assigned(p)
+        | Committed::Revoked(p)
+        | Committed::CaughtUp(p) => p,
+    }
+}
+
+/// One committed batch going into the engine.
+struct Take<'a> {
+    engine: &'a mut AlertEngine,
+    clock: &'a mut EventClock,
+    keying: &'a mut Keying,
+    positions: &'a mut Positions,
+    lake_history: Option<&'a PartitionHistory>,
+    now: i64,
+}
+
+impl Take<'_> {
+    fn take(&mut self, input: Committed) {
+        match input {
+            Committed::Event(ev, p, offset) => {
+                if self.positions.take(&p, offset) {
+                    self.event(&ev, &p);
+                }
+            }
+            Committed::Assigned(p) => {
+                self.keying.assigned(&p);
+                self.clock.assigned(p.clone(), self.now);
+                if let Some(h) = self.lake_history {
+                    let mut replayed = Vec::new();
+                    let n = h.replay(&p, self.positions, |ev| {
+                        replayed.push(ev.clone().into_owned())
+                    });
+                    match n {
+                        Ok(n) if n > 0 => {
+                            info!(topic = %p.0, partition = p.1, events = n, "rebuilt the partition's history from the lake")
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            error!(topic = %p.0, partition = p.1, error = %e, "could not rebuild the partition's history")
+                        }
+                    }
+                    for ev in &replayed {
+                        self.event(ev, &p);
+                    }
+                }
+            }
+            Committed::Revoked(p) => {
+                self.keying.revoked(&p);
+                self.clock.revoked(&p);
+            }
+            Committed::CaughtUp(p) => self.clock.caught_up(&p),
+        }
+    }
+
+    fn event(&mut self, ev: &LeaseEvent<'_>, p: &PartitionKey) {
+        self.keying.see(&ev.lease_id, p, self.engine);
+        self.clock.event(p.clone(), ev.ts_us, self.now);
+        self.engine.push(ev);
     }
 }
 

@@ -128,6 +128,22 @@ impl Auditor {
         self.latest
     }
 
+    /// The audit's own copy of a pushed event's lease id, so that callers
+    /// keeping per-lease state share it instead of keeping another.
+    pub fn lease_name(&self, lease_id: &str) -> Option<std::sync::Arc<str>> {
+        self.leases
+            .find(lease_id)
+            .map(|s| self.leases.get(s).clone())
+    }
+
+    /// The audit's own copy of a string events carry (holder ids,
+    /// backends), added if new: one allocation per distinct string for
+    /// the audit and its callers together.
+    pub fn intern(&mut self, s: &str) -> std::sync::Arc<str> {
+        let sym = self.strings.intern_opt(Some(s));
+        self.strings.get(sym).clone()
+    }
+
     /// Adds one event. Returns false when its `event_id` was already seen:
     /// the event is a duplicate and counts once everywhere. Should two
     /// events share an `event_id` but differ, the one first in canonical

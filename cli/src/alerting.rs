@@ -3,16 +3,14 @@
 //! the replay of imported history.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use leaseline_alerts::clock::PartitionKey;
-use leaseline_alerts::live::LiveInput;
 use leaseline_alerts::{
     live, Alert, AlertEngine, AlertHistory, AlertState, LeaseMetrics, Notifier, ReceiverConfig,
     ReceiverKind,
 };
-use leaseline_ingest::{EventTap, IngestMetrics, InputPartition, Tapped};
+use leaseline_ingest::{Committed, Fanout, IngestMetrics};
 use leaseline_lake::Lake;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -160,14 +158,18 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
-/// The live engine of `serve --ingest`: returns the tap for ingest and the
-/// task that runs until ingest drops the tap.
+/// How many committed batches may wait for the alert engine before ingest
+/// waits for it.
+const FANOUT_BATCHES: usize = 4;
+
+/// The live engine of `serve --ingest`: returns the fan-out for ingest and
+/// the task that runs until ingest drops it.
 pub fn start_live(
     cfg: &Config,
     lake: Lake,
     metrics: LeaseMetrics,
-) -> anyhow::Result<(EventTap, tokio::task::JoinHandle<()>)> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<LiveInput>();
+) -> anyhow::Result<(Fanout, tokio::task::JoinHandle<()>)> {
+    let (fanout, rx) = Fanout::channel(FANOUT_BATCHES);
     let engine = AlertEngine::new(cfg.alerts.clone(), cfg.audit, Some(metrics.clone()));
     let notifier = Notifier::start(
         &cfg.alerts.receivers,
@@ -181,49 +183,27 @@ pub fn start_live(
         "alert engine running"
     );
     let task = tokio::spawn(live::run(engine, rx, notifier, lake));
-    // Topic names are shared by every event of their partition.
-    let mut topics: Vec<Arc<str>> = Vec::new();
-    let mut key = move |p: InputPartition<'_>| -> PartitionKey {
-        let topic = match topics.iter().find(|t| &***t == p.topic) {
-            Some(t) => t.clone(),
-            None => {
-                let t: Arc<str> = Arc::from(p.topic);
-                topics.push(t.clone());
-                t
-            }
-        };
-        (topic, p.partition)
-    };
-    let tap: EventTap = Box::new(move |what: Tapped<'_>| {
-        let input = match what {
-            Tapped::Event(ev, p) => LiveInput::Event(ev.clone().into_owned(), key(p)),
-            Tapped::Assigned(p) => LiveInput::Assigned(key(p)),
-            Tapped::Revoked(p) => LiveInput::Revoked(key(p)),
-            Tapped::CaughtUp(p) => LiveInput::CaughtUp(key(p)),
-        };
-        // The receiver only goes away when the engine has stopped, which
-        // happens after ingest.
-        let _ = tx.send(input);
-    });
-    Ok((tap, task))
+    Ok((fanout, task))
 }
 
-/// A replay engine fed through ingest's tap, for `import`.
-pub fn replay_tap(cfg: &Config) -> (EventTap, Arc<Mutex<AlertEngine>>) {
-    let engine = Arc::new(Mutex::new(AlertEngine::new(
-        cfg.alerts.clone(),
-        cfg.audit,
-        None,
-    )));
-    let e = engine.clone();
+/// A replay engine fed by ingest's fan-out, for `import`: the task ends,
+/// returning the engine, when the import has dropped the fan-out.
+pub fn replay_fanout(cfg: &Config) -> (Fanout, tokio::task::JoinHandle<AlertEngine>) {
+    let (fanout, mut rx) = Fanout::channel(FANOUT_BATCHES);
+    let mut engine = AlertEngine::new(cfg.alerts.clone(), cfg.audit, None);
     // A replay needs no partitions: the end of the input closes the
     // lateness window (`AlertEngine::finish_replay`).
-    let tap: EventTap = Box::new(move |what: Tapped<'_>| {
-        if let Tapped::Event(ev, _) = what {
-            e.lock().unwrap_or_else(|p| p.into_inner()).push(ev);
+    let task = tokio::spawn(async move {
+        while let Some(batch) = rx.recv().await {
+            for c in batch {
+                if let Committed::Event(ev, _, _) = c {
+                    engine.push(&ev);
+                }
+            }
         }
+        engine
     });
-    (tap, engine)
+    (fanout, task)
 }
 
 /// Finishes a replay: the alerts that would have fired are recorded in

@@ -1,17 +1,18 @@
 //! `leaseline demo`: everything in one process, no Kafka, no other
-//! service. The simulator feeds the same lake writer that Kafka ingest
-//! uses, in real time, into a local lake; `serve` answers SQL over HTTP and
+//! service. The simulator is a source of the same ingest loop that Kafka
+//! feeds, in real time, into a local lake; `serve` answers SQL over HTTP and
 //! the PostgreSQL protocol, and alerts print on the console (and go to an
 //! Alertmanager if one is configured).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use leaseline_ingest::{FlushPolicy, IngestHooks, InputPartition, LakeWriter, Tapped};
+use leaseline_ingest::pipeline::{self, Polled, Source, Step};
+use leaseline_ingest::{FlushPolicy, IngestHooks, InputPartition, LakeWriter, Notice};
 use leaseline_lake::Lake;
 use leaseline_schema::Origin;
 use leaseline_sim::SimConfig;
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 /// Flags of `leaseline demo`.
@@ -54,14 +55,13 @@ impl DemoArgs {
     }
 }
 
-/// Pushes simulated events into the lake as the wall clock reaches their
-/// time, publishing them to queries every 100 ms and flushing by `policy`,
-/// until `stop`; then flushes the rest.
+/// Feeds simulated events to the ingest loop as the wall clock reaches
+/// their time, until `stop` is cancelled; then flushes the rest.
 pub async fn feed(
     lake: Lake,
     policy: FlushPolicy,
     sim: SimConfig,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     hooks: IngestHooks,
 ) -> anyhow::Result<()> {
     let events = leaseline_sim::simulate(&sim).events;
@@ -74,37 +74,55 @@ pub async fn feed(
     if let Some(p) = hooks.pending {
         w.publish_to(p);
     }
-    w.attach(hooks.tap, hooks.metrics);
+    w.attach(hooks.fanout, hooks.metrics);
     // The simulator is one input partition, read as its events fall due.
-    w.signal(Tapped::Assigned(InputPartition::FILE));
-    let mut next = 0usize;
-    let mut last_publish = Instant::now();
-    while !stop.load(Ordering::SeqCst) {
+    w.signal(Notice::Assigned(InputPartition::FILE));
+    let source = Simulator { events, next: 0 };
+    let stats = pipeline::run(source, Arc::new(Mutex::new(w)), policy, stop).await?;
+    info!(
+        events = stats.events,
+        "simulator stopped; everything flushed"
+    );
+    Ok(())
+}
+
+/// The simulator's events as a source: each is read when the wall clock
+/// reaches its time.
+struct Simulator {
+    events: Vec<(i64, String)>,
+    next: usize,
+}
+
+impl Source for Simulator {
+    fn poll(&mut self, timeout: Duration, take: &mut dyn FnMut(Polled<'_>) -> bool) -> Step {
         let now = chrono::Utc::now().timestamp_millis();
-        while next < events.len() && events[next].0 <= now {
-            w.push(
-                events[next].1.as_bytes(),
+        let due = self.events[self.next..].partition_point(|(at, _)| *at <= now);
+        let end = self.next + due;
+        while self.next < end {
+            let line = &self.events[self.next].1;
+            self.next += 1;
+            let more = take(Polled::Message(
+                line.as_bytes(),
                 Origin::File {
                     path: "simulator",
-                    line: next as u64 + 1,
+                    line: self.next as u64,
                 },
-            );
-            next += 1;
+            ));
+            if !more {
+                // A flush is due; the rest is handed on the next poll.
+                return Step::More;
+            }
         }
         // Every event due has been read: nothing of the input is waiting.
-        w.signal(Tapped::CaughtUp(InputPartition::FILE));
-        if last_publish.elapsed() >= Duration::from_millis(100) {
-            w.publish();
-            last_publish = Instant::now();
-        }
-        if w.should_flush(&policy) {
-            w.flush().await?;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = take(Polled::CaughtUp(InputPartition::FILE));
+        // Until the next event falls due, or the loop's own timeout.
+        let wait = match self.events.get(self.next) {
+            Some((at, _)) => Duration::from_millis((at - now).max(1) as u64).min(timeout),
+            None => timeout,
+        };
+        std::thread::sleep(wait);
+        Step::More
     }
-    w.flush().await?;
-    info!(events = next, "simulator stopped; everything flushed");
-    Ok(())
 }
 
 /// Marks a directory as the demo's own, so that the next run may replace

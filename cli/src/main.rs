@@ -17,8 +17,6 @@ mod terminal;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -30,6 +28,7 @@ use leaseline_ingest::import::{import, ImportInput};
 use leaseline_ingest::{kafka, CompactionConfig};
 use leaseline_lake::{CompactionPolicy, Lake, Table};
 use leaseline_query::QueryEngine;
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use crate::config::Config;
@@ -203,7 +202,8 @@ struct FlushArgs {
     /// Flush after this many buffered bytes (e.g. `64MiB`).
     #[arg(long, env = "LEASELINE_FLUSH_MAX_BYTES")]
     flush_max_bytes: Option<ByteSize>,
-    /// Flush at most this long after the first buffered message (e.g. `10s`).
+    /// Flush at most this long after the first buffered message (e.g. `2s`);
+    /// alerts wait for the commit of their event.
     #[arg(long, env = "LEASELINE_FLUSH_INTERVAL", value_parser = humantime::parse_duration)]
     flush_interval: Option<Duration>,
 }
@@ -814,22 +814,22 @@ pub(crate) async fn shutdown_signal() {
 }
 
 async fn run_ingest(lake: Lake, cfg: Config) -> anyhow::Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = CancellationToken::new();
     let signal_stop = stop.clone();
     tokio::spawn(async move {
         shutdown_signal().await;
         info!("shutdown requested");
-        signal_stop.store(true, Ordering::SeqCst);
+        signal_stop.cancel();
     });
     ingest_until(lake, &cfg, stop, Default::default()).await
 }
 
-/// Consumes Kafka into the lake until `stop` is set, compacting in the
-/// background; returns after the final flush and offset commit.
+/// Consumes Kafka into the lake until `stop` is cancelled, compacting in
+/// the background; returns after the final flush and offset commit.
 pub(crate) async fn ingest_until(
     lake: Lake,
     cfg: &Config,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     hooks: leaseline_ingest::IngestHooks,
 ) -> anyhow::Result<()> {
     let compactor = cfg.compaction.enabled.then(|| {
@@ -839,8 +839,11 @@ pub(crate) async fn ingest_until(
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(c.interval);
             tick.tick().await;
-            while !stop.load(Ordering::SeqCst) {
-                tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {}
+                }
                 if let Err(e) = lake.compact(&policy(&c)).await {
                     error!(error = %e, "compaction failed; will retry");
                 }
@@ -891,9 +894,10 @@ async fn run_import(
         ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .expect("valid template"),
     );
-    let (tap, engine) = alerting::replay_tap(cfg);
-    let summary = import(lake.clone(), inputs, &cfg.flush, Some(tap), |b| {
-        bar.set_position(b)
+    let (fanout, engine) = alerting::replay_fanout(cfg);
+    let progress = bar.clone();
+    let summary = import(lake.clone(), inputs, &cfg.flush, Some(fanout), move |b| {
+        progress.set_position(b)
     })
     .await?;
     bar.finish_and_clear();
@@ -916,10 +920,8 @@ async fn run_import(
         m.files.len(),
         m.version
     );
-    let mut engine = std::mem::replace(
-        &mut *engine.lock().unwrap_or_else(|p| p.into_inner()),
-        leaseline_alerts::AlertEngine::new(cfg.alerts.clone(), cfg.audit, None),
-    );
+    // The import has dropped the fan-out: the engine has every event.
+    let mut engine = engine.await.context("the alert replay task failed")?;
     let changes = alerting::finish_replay(&mut engine, Some(&lake), cfg, notify).await?;
     let fired = changes
         .iter()

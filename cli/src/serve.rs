@@ -10,7 +10,6 @@
 //! serving,
 //! so queries keep working until the lake holds everything consumed.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -309,11 +308,12 @@ pub async fn run(
     let http =
         tokio::spawn(async move { serve_http("api", listener, app, http_tls, limits, stop).await });
 
-    let stop = Arc::new(AtomicBool::new(false));
-    // The alert engine sees every event ingest accepts, as it is consumed;
-    // it stops when ingest has stopped and dropped its tap.
+    let stop = CancellationToken::new();
+    // The alert engine sees every event ingest accepts once the lake has
+    // committed it; it stops when ingest has stopped and dropped the
+    // fan-out.
     let mut alerts = None;
-    let engine_tap = if live {
+    let engine_fanout = if live {
         Some(alerting::start_live(
             &cfg,
             lake.clone(),
@@ -322,11 +322,11 @@ pub async fn run(
     } else {
         None
     };
-    let mut ingest = engine_tap.map(|(tap, task)| {
+    let mut ingest = engine_fanout.map(|(fanout, task)| {
         alerts = Some(task);
         let hooks = IngestHooks {
             pending: pending.clone(),
-            tap: Some(tap),
+            fanout: Some(fanout),
             metrics: ingest_metrics.clone(),
         };
         let (lake, cfg, stop) = (lake.clone(), cfg.clone(), stop.clone());
@@ -356,7 +356,7 @@ pub async fn run(
         }
     };
     info!("shutdown requested");
-    stop.store(true, Ordering::SeqCst);
+    stop.cancel();
     let ingest_result = match early {
         Some(r) => Some(r),
         None => match ingest {

@@ -20,7 +20,9 @@ pub struct FlushPolicy {
     /// Flush once the buffered messages' raw bytes reach this size.
     pub max_bytes: ByteSize,
     /// Flush at most this long after the first buffered message arrived,
-    /// so the lake is never further behind than this.
+    /// so the lake is never further behind than this. It is also the
+    /// longest an alert waits for the commit of the event that raises it:
+    /// the alert engine sees only what the lake holds.
     #[serde(with = "humantime_serde")]
     pub flush_interval: Duration,
 }
@@ -30,7 +32,7 @@ impl Default for FlushPolicy {
         FlushPolicy {
             max_rows: 200_000,
             max_bytes: ByteSize::mib(64),
-            flush_interval: Duration::from_secs(10),
+            flush_interval: Duration::from_millis(500),
         }
     }
 }

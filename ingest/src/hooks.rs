@@ -1,5 +1,5 @@
 //! What other parts of a process may attach to ingest without ingest
-//! knowing them: a tap that sees every accepted event (the alert engine),
+//! knowing them: the fan-out of committed events (the alert engine),
 //! counters for `/metrics`, and the buffer that queries read before a flush.
 
 use std::collections::BTreeMap;
@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use leaseline_lake::PendingRows;
-use leaseline_schema::LeaseEvent;
+
+use crate::fanout::Fanout;
 
 /// An input partition: a Kafka topic-partition. File input (NDJSON, the
 /// simulator) is one partition, with an empty topic.
@@ -25,12 +26,9 @@ impl InputPartition<'static> {
     };
 }
 
-/// What ingest tells its tap, in the order it happens.
+/// What a source says about an input partition, in the order it happens.
 #[derive(Debug, Clone, Copy)]
-pub enum Tapped<'a> {
-    /// A valid, not duplicate event, as it is consumed (before it is
-    /// flushed), and the partition it was read from.
-    Event(&'a LeaseEvent<'a>, InputPartition<'a>),
+pub enum Notice<'a> {
     /// The partition is now read by this process.
     Assigned(InputPartition<'a>),
     /// The partition is no longer read by this process.
@@ -40,15 +38,12 @@ pub enum Tapped<'a> {
     CaughtUp(InputPartition<'a>),
 }
 
-/// Called with what ingest reads (see [`Tapped`]). It runs on the
-/// consumer's thread, so it must be quick (hand the event to a channel).
-pub type EventTap = Box<dyn FnMut(Tapped<'_>) + Send>;
-
 /// Optional attachments of one ingest run.
 #[derive(Default)]
 pub struct IngestHooks {
     pub pending: Option<PendingRows>,
-    pub tap: Option<EventTap>,
+    /// Where committed events go (see [`crate::fanout`]).
+    pub fanout: Option<Fanout>,
     pub metrics: Option<Arc<IngestMetrics>>,
 }
 

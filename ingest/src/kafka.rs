@@ -1,4 +1,5 @@
-//! The Kafka source: a consumer-group member that feeds the lake writer.
+//! The Kafka source of the ingest loop ([`crate::pipeline`]): a
+//! consumer-group member.
 //!
 //! Exactly once into the lake comes from three rules:
 //! - the lake's manifest, not the group's committed offsets, says how far
@@ -10,13 +11,12 @@
 //! - offsets are committed to the group only after the lake commit, so the
 //!   group never runs ahead of the lake.
 //!
-//! The consumer runs on a blocking thread with `BaseConsumer`, because
-//! librdkafka calls the rebalance callback from inside `poll`: on revoke we
-//! must flush the partitions' rows before giving them up, and that needs
-//! the writer, which lives on this same thread.
+//! The consumer is a `BaseConsumer` polled on the loop's blocking thread,
+//! because librdkafka calls the rebalance callback from inside `poll`: on
+//! revoke we must flush the partitions' rows before giving them up, with
+//! the writer the loop shares.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use rdkafka::message::Message;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use leaseline_lake::Lake;
@@ -34,15 +35,11 @@ use leaseline_schema::Origin;
 
 use crate::config::{is_secret_property, FlushPolicy, KafkaConfig};
 use crate::error::{IngestError, Result};
-use crate::hooks::{IngestHooks, IngestMetrics, InputPartition, Tapped};
-use crate::writer::{LakeWriter, WriterStats};
+use crate::hooks::{IngestHooks, IngestMetrics, InputPartition, Notice};
+use crate::pipeline::{self, Polled, Source, Step};
+use crate::writer::{FlushReport, LakeWriter, WriterStats};
 
-const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often buffered rows are published to readers in this process
-/// (`leaseline serve --ingest`): well inside the one second in which an
-/// event must be visible to SQL.
-const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
 
 struct IngestContext {
     writer: Arc<Mutex<LakeWriter>>,
@@ -122,7 +119,7 @@ impl ClientContext for IngestContext {
         if !caught_up.is_empty() {
             let mut w = self.writer();
             for (topic, partition) in caught_up {
-                w.signal(Tapped::CaughtUp(InputPartition { topic, partition }));
+                w.signal(Notice::CaughtUp(InputPartition { topic, partition }));
             }
         }
         let Some(m) = &self.metrics else { return };
@@ -139,6 +136,10 @@ impl ClientContext for IngestContext {
         }
     }
 }
+
+/// How long giving up partitions waits for the process's consumers to
+/// write what they hold about them.
+const REVOKE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ConsumerContext for IngestContext {
     fn rebalance(
@@ -173,7 +174,7 @@ impl ConsumerContext for IngestContext {
                     error!(error = %e, "assign failed");
                 }
                 for (topic, partition) in &parts {
-                    w.signal(Tapped::Assigned(InputPartition {
+                    w.signal(Notice::Assigned(InputPartition {
                         topic,
                         partition: *partition,
                     }));
@@ -194,10 +195,19 @@ impl ConsumerContext for IngestContext {
                 }
                 self.resume.clear();
                 for e in tpl.elements() {
-                    w.signal(Tapped::Revoked(InputPartition {
+                    w.signal(Notice::Revoked(InputPartition {
                         topic: e.topic(),
                         partition: e.partition(),
                     }));
+                }
+                // The next owner reads what this process's consumers wrote
+                // about these partitions (the alert history): it must be in
+                // the lake before they are given up.
+                if !self.handle.block_on(w.sync_fanout(REVOKE_SYNC_TIMEOUT)) {
+                    warn!(
+                        timeout = ?REVOKE_SYNC_TIMEOUT,
+                        "the alert engine did not confirm the revoked partitions in time; their next owner may record some alerts again"
+                    );
                 }
                 info!(partitions = tpl.count(), "revoked");
                 if let Err(e) = consumer.unassign() {
@@ -327,22 +337,22 @@ fn redacted(e: KafkaError, cfg: &KafkaConfig) -> KafkaError {
     }
 }
 
-/// Consumes until `stop` is set, then stops in order: stop consuming,
-/// flush, commit offsets, leave the group. With `hooks.pending`, buffered
-/// rows are published there for queries in the same process; `hooks.tap`
-/// sees each accepted event as it is consumed.
+/// Consumes until `stop` is cancelled, then stops in order: stop
+/// consuming, flush, commit offsets, leave the group. With
+/// `hooks.pending`, buffered rows are published there for queries in the
+/// same process; `hooks.fanout` receives each event once it is committed.
 pub async fn run(
     lake: Lake,
     cfg: &KafkaConfig,
     policy: FlushPolicy,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     hooks: IngestHooks,
 ) -> Result<WriterStats> {
     let mut opened = LakeWriter::open(lake).await?;
     if let Some(p) = hooks.pending {
         opened.publish_to(p);
     }
-    opened.attach(hooks.tap, hooks.metrics.clone());
+    opened.attach(hooks.fanout, hooks.metrics.clone());
     let writer = Arc::new(Mutex::new(opened));
     let ctx = IngestContext {
         writer: writer.clone(),
@@ -356,91 +366,77 @@ pub async fn run(
     let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     info!(brokers = %cfg.brokers, topics = ?cfg.topics, group = %cfg.group_id, "consuming");
-    let handle = Handle::current();
-    tokio::task::spawn_blocking(move || consume_loop(consumer, writer, policy, stop, handle))
-        .await
-        .map_err(|e| IngestError::Aborted(format!("consumer thread: {e}")))?
+    let source = KafkaSource {
+        consumer,
+        backoff: FIRST_BACKOFF,
+    };
+    pipeline::run(source, writer, policy, stop).await
 }
 
-fn consume_loop(
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+
+/// A consumer-group member as a [`Source`] of the ingest loop.
+struct KafkaSource {
     consumer: BaseConsumer<IngestContext>,
-    writer: Arc<Mutex<LakeWriter>>,
-    policy: FlushPolicy,
-    stop: Arc<AtomicBool>,
-    handle: Handle,
-) -> Result<WriterStats> {
-    let lock = || writer.lock().unwrap_or_else(|p| p.into_inner());
-    let mut backoff = Duration::from_millis(500);
-    let mut last_publish = std::time::Instant::now();
-    while !stop.load(Ordering::SeqCst) {
-        // The writer lock is not held while polling: the rebalance
-        // callback runs inside poll and takes it.
-        let polled = consumer.poll(POLL_TIMEOUT);
-        let mut w = lock();
-        match polled {
+    /// The pause before reading again after a failed flush.
+    backoff: Duration,
+}
+
+impl Source for KafkaSource {
+    fn poll(&mut self, timeout: Duration, take: &mut dyn FnMut(Polled<'_>) -> bool) -> Step {
+        // The writer lock is not held while polling: the rebalance and
+        // statistics callbacks run inside poll and take it.
+        match self.consumer.poll(timeout) {
             None => {}
             Some(Ok(msg)) => {
                 let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
-                consumer.context().resume.check(topic, partition, offset);
-                if !w.already_committed(topic, partition, offset) {
-                    w.push(
-                        msg.payload().unwrap_or_default(),
-                        Origin::Kafka {
-                            topic,
-                            partition,
-                            offset,
-                        },
-                    );
-                }
+                self.consumer
+                    .context()
+                    .resume
+                    .check(topic, partition, offset);
+                // One message a poll: the loop looks at its flush policy
+                // after each.
+                let _ = take(Polled::Message(
+                    msg.payload().unwrap_or_default(),
+                    Origin::Kafka {
+                        topic,
+                        partition,
+                        offset,
+                    },
+                ));
             }
             Some(Err(e)) => warn!(error = %e, "kafka"),
         }
-        if last_publish.elapsed() >= PUBLISH_INTERVAL {
-            w.publish();
-            last_publish = std::time::Instant::now();
-        }
-        if w.should_flush(&policy) {
-            match handle.block_on(w.flush()) {
-                Ok(report) => {
-                    backoff = Duration::from_millis(500);
-                    commit_offsets(&consumer, &w, CommitMode::Async);
-                    if !report.lost_partitions.is_empty() {
-                        rewind(&consumer, &w, Some(&report.lost_partitions));
-                    }
-                }
-                Err(e) => {
-                    // Storage trouble: nothing was committed. Start again
-                    // from the lake's offsets after a pause; Kafka keeps
-                    // the messages meanwhile.
-                    error!(error = %e, retry_in = ?backoff, "flush failed");
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
-                    if let Err(e) = handle.block_on(w.reset()) {
-                        error!(error = %e, "could not reload the lake");
-                        continue;
-                    }
-                    rewind(&consumer, &w, None);
-                }
-            }
+        Step::More
+    }
+
+    fn committed(&mut self, w: &LakeWriter, report: &FlushReport) {
+        self.backoff = FIRST_BACKOFF;
+        commit_offsets(&self.consumer, w, CommitMode::Async);
+        if !report.lost_partitions.is_empty() {
+            rewind(&self.consumer, w, Some(&report.lost_partitions));
         }
     }
-    info!("stopping: flushing and committing");
-    let stats = {
-        let mut w = lock();
-        let flushed = handle.block_on(w.flush());
-        match flushed {
-            Ok(_) => commit_offsets(&consumer, &w, CommitMode::Sync),
-            Err(e) => {
-                return Err(IngestError::Aborted(format!(
-                    "final flush failed, buffered messages stay in Kafka: {e}"
-                )))
-            }
+
+    fn flush_failed(&mut self, w: &mut LakeWriter, error: IngestError, h: &Handle) -> Result<()> {
+        // Storage trouble: nothing was committed. Start again from the
+        // lake's offsets after a pause; Kafka keeps the messages meanwhile.
+        error!(error = %error, retry_in = ?self.backoff, "flush failed");
+        std::thread::sleep(self.backoff);
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(30));
+        match h.block_on(w.reset()) {
+            Ok(()) => rewind(&self.consumer, w, None),
+            Err(e) => error!(error = %e, "could not reload the lake; will try again"),
         }
-        w.stats()
-    };
-    consumer.unsubscribe();
-    drop(consumer);
-    Ok(stats)
+        Ok(())
+    }
+
+    fn finish(&mut self, w: &LakeWriter) -> Result<()> {
+        commit_offsets(&self.consumer, w, CommitMode::Sync);
+        self.consumer.unsubscribe();
+        info!("stopped consuming; offsets committed, left the group");
+        Ok(())
+    }
 }
 
 /// Checks that the brokers answer, for start-up errors worth reporting.

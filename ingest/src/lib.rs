@@ -9,9 +9,13 @@
 //! byte for byte with its reason and origin, in `lease_rejects`; and the
 //! Kafka offsets those rows cover, in the same commit.
 //!
-//! Attachments ([`IngestHooks`]): a tap that sees each accepted event as
-//! it is consumed (the alert engine), [`IngestMetrics`] for `/metrics`,
-//! and the buffer queries read before a flush.
+//! One loop ([`pipeline::run`]) drives every source (Kafka, NDJSON files,
+//! the simulator) through the [`pipeline::Source`] interface.
+//!
+//! Attachments ([`IngestHooks`]): the [`fanout`] of committed events to the
+//! alert engine, bounded and only after the lake holds them;
+//! [`IngestMetrics`] for `/metrics`; and the buffer queries read before a
+//! flush.
 //!
 //! Key types: [`LakeWriter`] (buffer, flush, conflict handling),
 //! [`FlushPolicy`], [`KafkaConfig`], [`CompactionConfig`], [`IngestError`].
@@ -19,12 +23,15 @@
 
 pub mod config;
 mod error;
+pub mod fanout;
 mod hooks;
 pub mod import;
 pub mod kafka;
+pub mod pipeline;
 mod writer;
 
 pub use crate::config::{is_secret_property, CompactionConfig, FlushPolicy, KafkaConfig};
 pub use crate::error::{IngestError, Result};
-pub use crate::hooks::{EventTap, IngestHooks, IngestMetrics, InputPartition, Tapped};
+pub use crate::fanout::{Committed, CommittedReceiver, Fanout, PartitionKey};
+pub use crate::hooks::{IngestHooks, IngestMetrics, InputPartition, Notice};
 pub use crate::writer::{FlushReport, LakeWriter, Pushed, WriterStats};

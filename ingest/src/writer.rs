@@ -16,7 +16,8 @@ use tracing::{debug, info, warn};
 
 use crate::config::FlushPolicy;
 use crate::error::Result;
-use crate::hooks::{EventTap, IngestMetrics, InputPartition, Tapped};
+use crate::fanout::Fanout;
+use crate::hooks::{IngestMetrics, InputPartition, Notice};
 
 /// What happened to one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +75,8 @@ pub struct LakeWriter {
     /// they are written by the next flush, before the builders' rest.
     published_events: Vec<RecordBatch>,
     published_rejects: Vec<RecordBatch>,
-    tap: Option<EventTap>,
+    /// Committed events for consumers in this process.
+    fanout: Option<Fanout>,
     metrics: Option<Arc<IngestMetrics>>,
 }
 
@@ -112,7 +114,7 @@ impl LakeWriter {
             buffered_bytes: 0,
             first_buffered: None,
             stats: WriterStats::default(),
-            tap: None,
+            fanout: None,
             metrics: None,
             pending: None,
             published_events: Vec::new(),
@@ -120,15 +122,16 @@ impl LakeWriter {
         })
     }
 
-    /// Publishes buffered rows through `pending` from now on (see
-    /// [`LakeWriter::publish`]).
-    /// Attaches a tap and counters (see [`IngestHooks`]); the pending
-    /// buffer is attached with [`LakeWriter::publish_to`].
-    pub fn attach(&mut self, tap: Option<EventTap>, metrics: Option<Arc<IngestMetrics>>) {
-        self.tap = tap;
+    /// Attaches the fan-out of committed events and counters (see
+    /// [`crate::IngestHooks`]); the pending buffer is attached with
+    /// [`LakeWriter::publish_to`].
+    pub fn attach(&mut self, fanout: Option<Fanout>, metrics: Option<Arc<IngestMetrics>>) {
+        self.fanout = fanout;
         self.metrics = metrics;
     }
 
+    /// Publishes buffered rows through `pending` from now on (see
+    /// [`LakeWriter::publish`]).
     pub fn publish_to(&mut self, pending: PendingRows) {
         self.pending = Some(pending);
         self.publish();
@@ -183,10 +186,31 @@ impl LakeWriter {
         self.buffered_rows
     }
 
-    /// Tells the tap, if any, what happened to an input partition.
-    pub fn signal(&mut self, what: Tapped<'_>) {
-        if let Some(tap) = &mut self.tap {
-            tap(what);
+    /// Passes on what a source says about an input partition, behind the
+    /// events read before it (see [`crate::fanout`]).
+    pub fn signal(&mut self, what: Notice<'_>) {
+        if let Some(f) = &mut self.fanout {
+            f.notice(what);
+        }
+    }
+
+    /// Sends the partition notices queued while nothing is buffered; with
+    /// rows buffered they wait for the commit.
+    pub async fn send_notices(&mut self) {
+        if self.buffered_rows == 0 {
+            if let Some(f) = &mut self.fanout {
+                f.send().await;
+            }
+        }
+    }
+
+    /// Sends the queued partition notices and waits, at most `timeout`,
+    /// for the consumers to have handled everything sent (see
+    /// [`crate::fanout`]); true when they have, or when there are none.
+    pub async fn sync_fanout(&mut self, timeout: std::time::Duration) -> bool {
+        match &mut self.fanout {
+            Some(f) => f.sync(timeout).await,
+            None => true,
         }
     }
 
@@ -210,17 +234,22 @@ impl LakeWriter {
                 if fresh {
                     self.events.append(&ev, &origin, now);
                     self.stats.events += 1;
-                    if let Some(tap) = &mut self.tap {
-                        let from = match &origin {
+                    if let Some(f) = &mut self.fanout {
+                        let (from, offset) = match &origin {
                             Origin::Kafka {
-                                topic, partition, ..
-                            } => InputPartition {
                                 topic,
-                                partition: *partition,
-                            },
-                            Origin::File { .. } => InputPartition::FILE,
+                                partition,
+                                offset,
+                            } => (
+                                InputPartition {
+                                    topic,
+                                    partition: *partition,
+                                },
+                                Some(*offset),
+                            ),
+                            Origin::File { .. } => (InputPartition::FILE, None),
                         };
-                        tap(Tapped::Event(&ev, from));
+                        f.event(&ev, from, offset);
                     }
                     if let Some(m) = &self.metrics {
                         IngestMetrics::add(&m.events, 1);
@@ -349,6 +378,14 @@ impl LakeWriter {
             // reader never misses them in between.
             self.unpublish();
         }
+        if let Some(f) = &mut self.fanout {
+            match &result {
+                // Only now, with the rows in the lake.
+                Ok(_) => f.send().await,
+                // The rows are gone from the buffer and will be read again.
+                Err(_) => f.drop_events(),
+            }
+        }
         result
     }
 
@@ -429,6 +466,13 @@ impl LakeWriter {
                             partitions = ?lost.iter().map(|r| (&r.topic, r.partition)).collect::<Vec<_>>(),
                             "another writer committed these partitions first; dropping our rows for them"
                         );
+                        if let Some(f) = &mut self.fanout {
+                            f.retain_events(|_, (topic, partition)| {
+                                !lost
+                                    .iter()
+                                    .any(|r| r.partition == *partition && *r.topic == **topic)
+                            });
+                        }
                         let (kept, dropped_ids) = drop_partitions(&events, &lost)?;
                         // Their ids must not count as seen: when the
                         // partition is consumed again they are new.
@@ -447,6 +491,13 @@ impl LakeWriter {
                     if !fresh.is_empty() {
                         let before = events.num_rows();
                         events = drop_ids(&events, &fresh)?;
+                        if let Some(f) = &mut self.fanout {
+                            f.retain_events(|ev, _| {
+                                !ev.event_id
+                                    .as_deref()
+                                    .is_some_and(|id| !id.is_empty() && fresh.contains(id))
+                            });
+                        }
                         let dropped = (before - events.num_rows()) as u64;
                         self.stats.duplicates += dropped;
                         self.stats.events -= dropped;
@@ -469,6 +520,9 @@ impl LakeWriter {
     pub async fn reset(&mut self) -> Result<()> {
         self.events = EventBatchBuilder::new();
         self.rejects = RejectBatchBuilder::new();
+        if let Some(f) = &mut self.fanout {
+            f.drop_events();
+        }
         self.published_events.clear();
         self.published_rejects.clear();
         self.ranges.clear();

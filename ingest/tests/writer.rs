@@ -1,7 +1,10 @@
-//! The lake writer on a local lake: de-duplication, and what happens when
-//! two writers race for the same partition or the same event.
+//! The lake writer on a local lake: de-duplication, what happens when two
+//! writers race for the same partition or the same event, and what reaches
+//! the process's consumers (only what the lake committed).
 
-use leaseline_ingest::{FlushPolicy, LakeWriter, Pushed};
+use leaseline_ingest::{
+    Committed, Fanout, FlushPolicy, InputPartition, LakeWriter, Notice, Pushed,
+};
 use leaseline_lake::{Lake, Table};
 use leaseline_schema::Origin;
 
@@ -147,4 +150,88 @@ async fn flush_policy_by_rows_bytes_and_time() {
     );
     w.push(&event("b2", 1), kafka(0, 11));
     assert!(w.should_flush(&big), "byte limit");
+}
+
+/// The event ids in the batches a fan-out has received so far.
+fn fanned_out(rx: &mut leaseline_ingest::CommittedReceiver) -> Vec<String> {
+    let mut ids = Vec::new();
+    while let Ok(batch) = rx.try_recv() {
+        for c in batch {
+            if let Committed::Event(ev, _, _) = c {
+                ids.push(ev.event_id.unwrap().into_owned());
+            }
+        }
+    }
+    ids
+}
+
+#[tokio::test]
+async fn consumers_see_an_event_only_once_the_lake_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let (fanout, mut rx) = Fanout::channel(8);
+    let mut w = LakeWriter::open(lake.clone()).await.unwrap();
+    w.attach(Some(fanout), None);
+    w.push(&event("a", 1), kafka(0, 0));
+    w.push(&event("a", 1), kafka(0, 1));
+    w.push(b"{oops", kafka(0, 2));
+    w.signal(Notice::CaughtUp(InputPartition {
+        topic: "t",
+        partition: 0,
+    }));
+    w.send_notices().await;
+    assert!(rx.try_recv().is_err(), "nothing is committed yet");
+    w.flush().await.unwrap();
+    let batch = rx.try_recv().unwrap();
+    assert_eq!(batch.len(), 2, "{batch:?}");
+    assert!(
+        matches!(&batch[0], Committed::Event(ev, (t, 0), _) if &**t == "t" && ev.event_id.as_deref() == Some("a"))
+    );
+    assert_eq!(batch[1], Committed::CaughtUp(("t".into(), 0)));
+}
+
+#[tokio::test]
+async fn rows_a_conflict_drops_never_reach_consumers() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let (fanout, mut rx) = Fanout::channel(8);
+    let mut zombie = LakeWriter::open(lake.clone()).await.unwrap();
+    zombie.attach(Some(fanout), None);
+    let mut owner = LakeWriter::open(lake.clone()).await.unwrap();
+    for o in 0..10 {
+        zombie.push(&event(&format!("p0-{o}"), 1), kafka(0, o));
+    }
+    zombie.push(&event("p1-0", 1), kafka(1, 0));
+    // Partition 2 carries an event another writer commits through another
+    // partition first: a producer retry.
+    zombie.push(&event("retry", 1), kafka(2, 0));
+    for o in 0..15 {
+        owner.push(&event(&format!("p0-{o}"), 1), kafka(0, o));
+    }
+    owner.push(&event("retry", 1), kafka(3, 0));
+    owner.flush().await.unwrap();
+
+    zombie.flush().await.unwrap();
+    assert_eq!(fanned_out(&mut rx), vec!["p1-0".to_string()]);
+
+    // Read again from the lake's offset, partition 0's next event is new,
+    // and reaches consumers after its commit.
+    zombie.push(&event("p0-15", 1), kafka(0, 15));
+    zombie.flush().await.unwrap();
+    assert_eq!(fanned_out(&mut rx), vec!["p0-15".to_string()]);
+}
+
+#[tokio::test]
+async fn a_reset_forgets_what_was_buffered() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let (fanout, mut rx) = Fanout::channel(8);
+    let mut w = LakeWriter::open(lake.clone()).await.unwrap();
+    w.attach(Some(fanout), None);
+    w.push(&event("lost", 1), kafka(0, 0));
+    // As after a failed flush: the buffer is gone, read again later.
+    w.reset().await.unwrap();
+    w.push(&event("lost", 1), kafka(0, 0));
+    w.flush().await.unwrap();
+    assert_eq!(fanned_out(&mut rx), vec!["lost".to_string()]);
 }

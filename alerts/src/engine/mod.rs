@@ -1,0 +1,316 @@
+//! The alert engine: rules evaluated by event time over a stream of events.
+//!
+//! Events go in with [`AlertEngine::push`] in any order; time moves with
+//! [`AlertEngine::advance`], which takes a watermark: the event time below
+//! which everything is taken to have arrived (in a running service, the
+//! slowest input partition's newest event time minus the configured
+//! lateness, see [`crate::clock`]; at the end of a file, its last event
+//! time). What comes out are state changes ([`Alert`]s), taken with
+//! [`AlertEngine::take_changes`].
+//!
+//! The engine is four parts, each in its module:
+//! - **intake** (here): de-duplicates events and interns their strings
+//!   through the audit engine ([`Auditor`]) it shares with SQL's rules,
+//!   counts them into evaluation steps, and confirms the audit's
+//!   violations once the watermark has passed them;
+//! - **rules** ([`rules`]) behind one interface: event rules (forced
+//!   expiry, stale write rejected) give evidence as soon as their event
+//!   arrives, since the event alone proves the condition; the safety rule
+//!   gives evidence for each confirmed violation (the audit can retract a
+//!   violation when an earlier event arrives late, the release that ended
+//!   the "overlapped" grant, so a violation waits for the watermark);
+//!   windowed rules (acquisition latency, renewal failures, token churn)
+//!   give verdicts at each step boundary the watermark passes, over the
+//!   steps of their window;
+//! - **the lifecycle** ([`lifecycle`]): raise, merge and resolve, written
+//!   once for every rule;
+//! - **an observer** ([`observer`]) that is told what happened: the lease
+//!   metrics, or nobody.
+//!
+//! So an event that arrives within the lateness bound counts exactly as if
+//! it had arrived in order, and the alerts of a history depend on its
+//! events, not on their arrival order.
+
+mod history;
+mod lifecycle;
+mod observer;
+mod rules;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use leaseline_audit::{AuditConfig, Auditor, Violation};
+use leaseline_schema::{Kind, LeaseEvent};
+
+use crate::alert::Alert;
+use crate::config::AlertsConfig;
+use crate::metrics::LeaseMetrics;
+use history::Steps;
+use lifecycle::{Lifecycle, Verdict};
+use observer::{Observer, Unobserved};
+use rules::Rule;
+
+type Name = Arc<str>;
+
+const US: i64 = 1_000_000;
+
+fn micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// One event as the rules see it, its strings shared with the audit.
+pub(crate) struct Intake<'a> {
+    pub ev: &'a LeaseEvent<'a>,
+    pub lease: Name,
+    pub holder: Option<Name>,
+    pub backend: Option<Name>,
+}
+
+/// The alert engine. See the module docs.
+pub struct AlertEngine {
+    cfg: AlertsConfig,
+    skew_us: i64,
+    auditor: Auditor,
+    rules: Vec<Box<dyn Rule>>,
+    observer: Box<dyn Observer>,
+    lifecycle: Lifecycle,
+    steps: Steps,
+    max_ts: Option<i64>,
+    watermark: i64,
+    next_eval: Option<i64>,
+    last_eval: i64,
+    /// Violations the audit reports that the watermark has not yet passed.
+    /// Keyed by the whole violation: two can share a lease, time, kind and
+    /// token (one grant overlapping two others), and a retraction of one
+    /// must not take the other with it.
+    unconfirmed: BTreeSet<Violation>,
+    pushed: u64,
+    late_events: u64,
+}
+
+impl AlertEngine {
+    /// A new engine. `cfg` must have passed [`AlertsConfig::validate`].
+    pub fn new(cfg: AlertsConfig, audit: AuditConfig, metrics: Option<LeaseMetrics>) -> Self {
+        let observer: Box<dyn Observer> = match metrics {
+            Some(m) => Box::new(m),
+            None => Box::new(Unobserved),
+        };
+        AlertEngine {
+            steps: Steps::new(micros(cfg.evaluation_interval).max(1)),
+            skew_us: micros(audit.clock_skew_tolerance),
+            rules: rules::build(&cfg.rules),
+            lifecycle: Lifecycle::new(cfg.external_url.clone()),
+            cfg,
+            auditor: Auditor::new(audit),
+            observer,
+            max_ts: None,
+            watermark: i64::MIN,
+            next_eval: None,
+            last_eval: i64::MIN,
+            unconfirmed: BTreeSet::new(),
+            pushed: 0,
+            late_events: 0,
+        }
+    }
+
+    pub fn config(&self) -> &AlertsConfig {
+        &self.cfg
+    }
+
+    /// The newest event time pushed, microseconds.
+    pub fn max_ts(&self) -> Option<i64> {
+        self.max_ts
+    }
+
+    pub fn watermark(&self) -> i64 {
+        self.watermark
+    }
+
+    /// Counts a lease whose events came from more than one input partition.
+    pub fn count_lease_on_several_partitions(&self) {
+        self.observer.several_partitions();
+    }
+
+    /// Events that arrived below the watermark.
+    pub fn late_events(&self) -> u64 {
+        self.late_events
+    }
+
+    /// Takes one event. Returns false for a duplicate (an `event_id` the
+    /// audit has already seen).
+    pub fn push(&mut self, ev: &LeaseEvent<'_>) -> bool {
+        if !self.auditor.push(ev) {
+            self.observer.duplicate();
+            return false;
+        }
+        self.pushed += 1;
+        let ts = ev.ts_us;
+        if ts < self.watermark {
+            self.late_events += 1;
+            self.observer.late();
+        }
+        self.max_ts = Some(self.max_ts.map_or(ts, |m| m.max(ts)));
+        let lease = self
+            .auditor
+            .lease_name(&ev.lease_id)
+            .expect("the audit interned the lease it was just given");
+        let named = ev.backend.as_deref().map(|b| self.auditor.intern(b));
+        let backend = self.steps.backend(&lease, named);
+        let holder = ev.holder_id.as_deref().map(|h| self.auditor.intern(h));
+        self.steps.saw(ts);
+        let next = (self.steps.floor(ts) + self.steps.step)
+            .max(self.last_eval.saturating_add(self.steps.step));
+        self.next_eval = Some(self.next_eval.map_or(next, |n| n.min(next)));
+        let mut first_grant = false;
+        match ev.kind {
+            Kind::Acquired => {
+                if let Some(lat) = ev.latency_ms {
+                    let s = self.steps.at(ts);
+                    s.latency.entry(backend.clone()).or_default().push(lat);
+                }
+                if let Some(token) = ev.fencing_token {
+                    first_grant = self
+                        .steps
+                        .count_grant(lease.clone(), token, ts, self.last_eval);
+                }
+            }
+            Kind::Renewed | Kind::RenewFailed => {
+                let s = self.steps.at(ts);
+                let counts = if ev.kind == Kind::Renewed {
+                    &mut s.renew_ok
+                } else {
+                    &mut s.renew_failed
+                };
+                *counts.entry(backend.clone()).or_default() += 1;
+            }
+            _ => {}
+        }
+        let intake = Intake {
+            ev,
+            lease,
+            holder,
+            backend,
+        };
+        self.observer.event(&intake, first_grant);
+        for rule in &self.rules {
+            if let Some(e) = rule.on_event(&intake) {
+                self.lifecycle.raise(e);
+            }
+        }
+        true
+    }
+
+    /// Feeds the audit's new and retracted violations in.
+    fn take_violations(&mut self) {
+        let changes = self.auditor.drain_changes();
+        for v in changes.retracted {
+            self.unconfirmed.remove(&v);
+        }
+        self.unconfirmed.extend(changes.appeared);
+    }
+
+    /// Hands the violations the watermark has passed (plus the clock-skew
+    /// tolerance the audit allows) to the rules.
+    fn confirm_violations(&mut self) {
+        let w = self.watermark;
+        let skew = self.skew_us;
+        let ready: Vec<Violation> = self
+            .unconfirmed
+            .iter()
+            .filter(|v| v.at.saturating_add(skew) <= w)
+            .cloned()
+            .collect();
+        for v in ready {
+            self.unconfirmed.remove(&v);
+            self.observer.violation(&v);
+            let backend = self.steps.backend_of(&v.lease_id).cloned();
+            for rule in &self.rules {
+                if let Some(e) = rule.on_violation(&v, backend.clone()) {
+                    self.lifecycle.raise(e);
+                }
+            }
+        }
+    }
+
+    /// Moves time to `watermark` (never backwards): confirms violations,
+    /// evaluates every step boundary it passes, resolves what has cleared.
+    pub fn advance(&mut self, watermark: i64) {
+        self.take_violations();
+        if watermark > self.watermark {
+            self.watermark = watermark;
+        }
+        self.confirm_violations();
+        while let Some(b) = self.next_eval.filter(|b| *b <= self.watermark) {
+            self.evaluate(b);
+            self.last_eval = b;
+            self.next_eval = self.next_boundary(b);
+        }
+        self.lifecycle.resolve_due(self.watermark);
+        self.prune();
+        self.observer.active(&mut self.lifecycle.active());
+    }
+
+    /// The end of the input (a file, a replay of stored history): nothing
+    /// can arrive late any more, so the lateness window closes. The
+    /// watermark moves to the newest event time (plus the clock-skew
+    /// tolerance, which a violation waits out): every violation the
+    /// history holds fires, and every step boundary up to its end is
+    /// evaluated. Alerts still active at the end stay active, as they
+    /// were when the history ended.
+    pub fn finish_replay(&mut self) {
+        match self.max_ts {
+            Some(t) => self.advance(t.saturating_add(self.skew_us)),
+            None => self.take_violations(),
+        }
+    }
+
+    /// The longest window a rule's verdict reads.
+    fn max_window(&self) -> i64 {
+        self.rules.iter().map(|r| r.window()).max().unwrap_or(0)
+    }
+
+    fn next_boundary(&self, b: i64) -> Option<i64> {
+        let step = self.steps.step;
+        let next = b + step;
+        if self.lifecycle.any_windowed() {
+            return Some(next);
+        }
+        // Nothing is open: skip to the first boundary whose window holds a
+        // step with data.
+        self.steps
+            .first_from(next - self.max_window())
+            .map(|s| next.max(s + step))
+    }
+
+    fn evaluate(&mut self, b: i64) {
+        let mut verdicts: Vec<Verdict> = Vec::new();
+        for rule in &self.rules {
+            rule.judge(&self.steps, b, &*self.observer, &mut verdicts);
+        }
+        self.lifecycle.judge(verdicts, b);
+    }
+
+    fn prune(&mut self) {
+        let keep = self.rules.iter().map(|r| r.history()).max().unwrap_or(0) + self.steps.step;
+        let floor = self.last_eval.saturating_sub(keep);
+        // A second report of a grant comes within seconds; an hour past
+        // the watermark, grants are let go in bulk.
+        let n = self.steps.grants_len();
+        let grants =
+            ((self.pushed.is_multiple_of(65_536) || n > 4 * 65_536) && n > 65_536).then(|| {
+                self.watermark
+                    .saturating_sub(3600 * US + micros(self.cfg.lateness))
+            });
+        self.steps.prune(floor, grants);
+    }
+
+    /// The state changes since the last call, in the order they happened.
+    pub fn take_changes(&mut self) -> Vec<Alert> {
+        self.lifecycle.take_changes()
+    }
+
+    /// Every alert now pending or firing.
+    pub fn active(&self) -> Vec<Alert> {
+        self.lifecycle.active().cloned().collect()
+    }
+}
