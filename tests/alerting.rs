@@ -673,6 +673,20 @@ fn webhook_alerts(
     (firing, resolved)
 }
 
+/// The events the lake has committed, or None before its first flush.
+fn committed_events(lake: &Path) -> Option<usize> {
+    let out = leaseline()
+        .args(["sql", "--format", "csv", "--lake"])
+        .arg(lake)
+        .arg("SELECT count(*) AS n FROM lease_events")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|n| n.trim().parse::<usize>().ok())
+}
+
 /// Produces each line to its partition, one message at a time.
 async fn produce_to(producer: &rdkafka::producer::FutureProducer, msgs: &[(i32, String)]) {
     for (p, line) in msgs {
@@ -836,19 +850,7 @@ async fn sigkill_while_alerts_are_pending_loses_none_and_records_each_once() {
         produce_to(&producer, third).await;
         produced += third.len();
         let mut server = serve_with_ingest(dir.path(), &broker, &pending);
-        // The lake exists from the first flush on.
-        let committed = || {
-            let out = leaseline()
-                .args(["sql", "--format", "csv", "--lake"])
-                .arg(&lake)
-                .arg("SELECT count(*) AS n FROM lease_events")
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .nth(1)
-                .and_then(|n| n.trim().parse::<usize>().ok())
-        };
+        let committed = || committed_events(&lake);
         assert!(
             wait_until(Duration::from_secs(90), || committed() == Some(produced)),
             "the lake never held {produced} events:\n{}",
@@ -924,18 +926,7 @@ async fn two_ingesters_in_a_group_alert_each_lease_once_across_a_takeover() {
         a.proc.logs(),
         b.proc.logs()
     );
-    let committed = || {
-        let out = leaseline()
-            .args(["sql", "--format", "csv", "--lake"])
-            .arg(&lake)
-            .arg("SELECT count(*) AS n FROM lease_events")
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .nth(1)
-            .and_then(|n| n.trim().parse::<usize>().ok())
-    };
+    let committed = || committed_events(&lake);
     produce_to(&producer, first).await;
     assert!(
         wait_until(Duration::from_secs(90), || committed() == Some(first.len())),
