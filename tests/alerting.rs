@@ -673,6 +673,19 @@ fn webhook_alerts(
     (firing, resolved)
 }
 
+/// The alert keys of `lease_alerts` rows as [`firing_rows`] gives them.
+fn keys(rows: &[(String, String)]) -> std::collections::BTreeSet<String> {
+    rows.iter().map(|(k, _)| k.clone()).collect()
+}
+
+/// Each line with the partition its lease is keyed to.
+fn keyed(lines: &[String]) -> Vec<(i32, String)> {
+    lines
+        .iter()
+        .map(|l| (lease_partition(l), l.clone()))
+        .collect()
+}
+
 /// The events the lake has committed, or None before its first flush.
 fn committed_events(lake: &Path) -> Option<usize> {
     let out = leaseline()
@@ -742,10 +755,7 @@ async fn a_burst_alerts_exactly_what_check_finds(layout: Layout) {
         "lateness = \"5s\"\npartition_idle_timeout = \"2s\"",
         &webhook,
     );
-    let expected: std::collections::BTreeSet<String> = checked_firing(dir.path(), &cfg, &history)
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
+    let expected = keys(&checked_firing(dir.path(), &cfg, &history));
 
     let broker = Broker::start(dir.path());
     broker.create_topic("leases", 6).await;
@@ -834,17 +844,13 @@ async fn sigkill_while_alerts_are_pending_loses_none_and_records_each_once() {
         &webhook,
     );
     let expected_rows = checked_firing(dir.path(), &settling, &history);
-    let expected: std::collections::BTreeSet<String> =
-        expected_rows.iter().map(|(k, _)| k.clone()).collect();
+    let expected = keys(&expected_rows);
 
     let broker = Broker::start(dir.path());
     broker.create_topic("leases", 6).await;
     let producer = broker.producer();
     let lake = dir.path().join("lake");
-    let msgs: Vec<(i32, String)> = lines
-        .iter()
-        .map(|l| (lease_partition(l), l.clone()))
-        .collect();
+    let msgs = keyed(&lines);
     let mut produced = 0;
     for third in msgs.chunks(msgs.len().div_ceil(3)) {
         produce_to(&producer, third).await;
@@ -905,17 +911,13 @@ async fn two_ingesters_in_a_group_alert_each_lease_once_across_a_takeover() {
     let cfg_b = webhook_config(dir.path(), "b.toml", reading, &hook_b);
     let cfg_last = webhook_config(dir.path(), "last.toml", settling, &hook_a);
     let expected_rows = checked_firing(dir.path(), &cfg_last, &history);
-    let expected: std::collections::BTreeSet<String> =
-        expected_rows.iter().map(|(k, _)| k.clone()).collect();
+    let expected = keys(&expected_rows);
 
     let broker = Broker::start(dir.path());
     broker.create_topic("leases", 6).await;
     let producer = broker.producer();
     let lake = dir.path().join("lake");
-    let msgs: Vec<(i32, String)> = lines
-        .iter()
-        .map(|l| (lease_partition(l), l.clone()))
-        .collect();
+    let msgs = keyed(&lines);
     let (first, second) = msgs.split_at(msgs.len() / 2);
     let mut a = serve_with_ingest(dir.path(), &broker, &cfg_a);
     let mut b = serve_with_ingest(dir.path(), &broker, &cfg_b);
@@ -1052,11 +1054,7 @@ async fn realtime_burst_and_import_send_the_same_alerts() {
         .zip(&hooks)
         .map(|(name, hook)| webhook_config(dir.path(), &format!("{name}.toml"), settings, hook))
         .collect();
-    let expected: std::collections::BTreeSet<String> =
-        checked_firing(dir.path(), &cfgs[2], &history)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
+    let expected = keys(&checked_firing(dir.path(), &cfgs[2], &history));
 
     // Real time and burst side by side, each with its broker and server.
     let (rt_dir, burst_dir) = (dir.path().join("realtime"), dir.path().join("burst"));

@@ -1280,16 +1280,11 @@ fn check_of_a_file_alerts_the_violations_at_its_very_end() {
         .map(|v| v["kind"].as_str().unwrap().to_string())
         .collect();
     assert!(kinds.contains("token_regression"), "{kinds:?}");
-    let alerted: BTreeSet<String> = sql(
+    let alerted = csv_rows(
         &lake,
         "SELECT DISTINCT kind FROM lease_alerts \
          WHERE alertname = 'LeaseSafetyViolation' AND state = 'firing'",
-        "csv",
-    )
-    .lines()
-    .skip(1)
-    .map(str::to_string)
-    .collect();
+    );
     assert_eq!(alerted, kinds);
 }
 
@@ -1345,25 +1340,24 @@ fn a_violation_pending_when_the_demo_is_stopped_still_alerts() {
     assert!(status.success(), "{status:?}\n{}", demo.logs());
 
     let lake = dir.path().join("demo-lake");
-    let found: std::collections::BTreeSet<String> = sql(
+    let found = csv_rows(
         &lake,
         "SELECT DISTINCT lease_id, kind FROM lease_violations",
-        "csv",
-    )
-    .lines()
-    .skip(1)
-    .map(str::to_string)
-    .collect();
-    let alerted: std::collections::BTreeSet<String> = sql(
+    );
+    let alerted = csv_rows(
         &lake,
         "SELECT DISTINCT lease_id, kind FROM lease_alerts \
          WHERE alertname = 'LeaseSafetyViolation' AND state = 'firing'",
-        "csv",
-    )
-    .lines()
-    .skip(1)
-    .map(str::to_string)
-    .collect();
+    );
     assert!(!found.is_empty());
     assert_eq!(alerted, found, "{}", demo.logs());
+}
+
+/// The rows of a query over the lake, as CSV lines without the header.
+fn csv_rows(lake: &Path, query: &str) -> BTreeSet<String> {
+    sql(lake, query, "csv")
+        .lines()
+        .skip(1)
+        .map(str::to_string)
+        .collect()
 }

@@ -258,9 +258,14 @@ impl Take<'_> {
                 self.keying.assigned(&p);
                 self.clock.assigned(p.clone(), self.now);
                 if let Some(h) = self.lake_history {
-                    let mut replayed = Vec::new();
+                    let (engine, clock, keying, now) = (
+                        &mut *self.engine,
+                        &mut *self.clock,
+                        &mut *self.keying,
+                        self.now,
+                    );
                     let n = h.replay(&p, self.positions, |ev| {
-                        replayed.push(ev.clone().into_owned())
+                        give(engine, clock, keying, now, ev, &p)
                     });
                     match n {
                         Ok(n) if n > 0 => {
@@ -270,9 +275,6 @@ impl Take<'_> {
                         Err(e) => {
                             error!(topic = %p.0, partition = p.1, error = %e, "could not rebuild the partition's history")
                         }
-                    }
-                    for ev in &replayed {
-                        self.event(ev, &p);
                     }
                 }
             }
@@ -285,10 +287,22 @@ impl Take<'_> {
     }
 
     fn event(&mut self, ev: &LeaseEvent<'_>, p: &PartitionKey) {
-        self.keying.see(&ev.lease_id, p, self.engine);
-        self.clock.event(p.clone(), ev.ts_us, self.now);
-        self.engine.push(ev);
+        give(self.engine, self.clock, self.keying, self.now, ev, p);
     }
+}
+
+/// One event of `p` into the engine, whether read live or from the lake.
+fn give(
+    engine: &mut AlertEngine,
+    clock: &mut EventClock,
+    keying: &mut Keying,
+    now: i64,
+    ev: &LeaseEvent<'_>,
+    p: &PartitionKey,
+) {
+    keying.see(&ev.lease_id, p, engine);
+    clock.event(p.clone(), ev.ts_us, now);
+    engine.push(ev);
 }
 
 /// Runs stored history through a fresh engine and returns every state
