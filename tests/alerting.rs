@@ -741,6 +741,45 @@ fn assert_settled(
     assert!(false_pages.is_empty(), "false: {false_pages:?}");
 }
 
+/// The audit's tables as `serve --ingest` answers them over HTTP are those
+/// `leaseline sql` computes by auditing the lake itself, row for row. Returns
+/// the process's `leaseline_query_audit_reads_total` counts: (answered by
+/// the alert engine's auditor, by auditing the lake).
+fn served_audit_is_the_lakes(server: &Server, lake: &Path) -> (u64, u64) {
+    let queries = [
+        "SELECT lease_id, fencing_token, holder_id, acquired_at, ended_at, end_kind, renewals, \
+         renew_failures, writes_accepted, stale_writes_rejected, valid_until FROM lease_timeline \
+         ORDER BY lease_id, fencing_token",
+        "SELECT kind, lease_id, fencing_token, holder_id, at, other_fencing_token, detail \
+         FROM lease_violations ORDER BY kind, lease_id, fencing_token, at, other_fencing_token",
+        "SELECT lease_id, holder_id, fencing_token, valid, ended_at FROM lease_holders ORDER BY lease_id",
+    ];
+    let rows = |text: &str| -> Vec<Value> {
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    for q in queries {
+        let served = server.sql(q, &["-H", "Accept: application/x-ndjson"]);
+        assert_eq!(served.status, 200, "{q}: {}", served.text());
+        let served = rows(&served.text());
+        let audited = rows(&sql(lake, q, "ndjson"));
+        assert!(!audited.is_empty(), "{q}: the history has rows");
+        assert_eq!(served, audited, "{q}");
+    }
+    let metrics = server.get("/metrics").text();
+    let count = |from: &str| -> u64 {
+        let prefix = format!("leaseline_query_audit_reads_total{{from=\"{from}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix}in\n{metrics}"))
+            .parse()
+            .unwrap()
+    };
+    (count("alert_engine"), count("lake"))
+}
+
 /// A history with every fault, produced in one burst laid out as `layout`
 /// says. The alerts sent as firing are exactly those `check FILE` finds;
 /// none is missing and none is false.
@@ -800,6 +839,15 @@ async fn a_burst_alerts_exactly_what_check_finds(layout: Layout) {
         .unwrap_or_else(|| panic!("{metrics}"));
     let leases = if layout == Layout::RoundRobin { 16 } else { 0 };
     assert!(several.ends_with(&format!(" {leases}")), "{several}");
+    // One process reads every partition: its alert engine's auditor holds
+    // the whole lake, and SQL's derived tables come from it, the same as
+    // an audit of the lake's files.
+    let (from_engine, from_lake) = served_audit_is_the_lakes(&server, &dir.path().join("lake"));
+    assert_eq!(
+        (from_engine, from_lake),
+        (3, 0),
+        "each query once, from the engine"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -936,6 +984,12 @@ async fn two_ingesters_in_a_group_alert_each_lease_once_across_a_takeover() {
         a.proc.logs(),
         b.proc.logs()
     );
+    // Each ingester's engine holds only its partitions' events: SQL still
+    // answers for the whole lake, by auditing it.
+    for s in [&a, &b] {
+        let (_, from_lake) = served_audit_is_the_lakes(s, &lake);
+        assert_eq!(from_lake, 3, "{}", s.proc.logs());
+    }
     // One ingester stops while the second half is being read; the other
     // takes its partitions over.
     produce_to(&producer, second).await;

@@ -235,8 +235,11 @@ async fn served_sql_sees_a_consumed_event_before_its_flush() {
             "fresh",
             "--group-id",
             "fresh",
-            // Nothing is flushed by size or time during the test.
+            // Nothing is flushed by size or time during the test, nor
+            // when the input goes quiet.
             "--flush-interval",
+            "1h",
+            "--flush-idle",
             "1h",
             "--no-compaction",
         ],

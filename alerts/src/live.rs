@@ -139,7 +139,9 @@ pub async fn run(
             batch = events.recv() => match batch {
                 // One evaluation per committed batch, not one per event.
                 Some(batch) => {
-                    from_kafka |= batch.iter().any(|c| !partition_of(c).0.is_empty());
+                    from_kafka |= batch
+                        .iter()
+                        .any(|c| partition_of(c).is_some_and(|p| !p.0.is_empty()));
                     revoked |= batch.iter().any(|c| matches!(c, Committed::Revoked(_)));
                     let lake_history = if batch.iter().any(|c| matches!(c, Committed::Assigned(p) if !p.0.is_empty())) {
                         rebuild_sources(&lake, &mut recorded).await
@@ -227,12 +229,13 @@ async fn rebuild_sources(lake: &Lake, recorded: &mut Recorded) -> Option<Partiti
     }
 }
 
-fn partition_of(c: &Committed) -> &PartitionKey {
+fn partition_of(c: &Committed) -> Option<&PartitionKey> {
     match c {
         Committed::Event(_, p, _)
         | Committed::Assigned(p)
         | Committed::Revoked(p)
-        | Committed::CaughtUp(p) => p,
+        | Committed::CaughtUp(p) => Some(p),
+        Committed::Commit(_) => None,
     }
 }
 
@@ -276,6 +279,7 @@ impl Take<'_> {
                             error!(topic = %p.0, partition = p.1, error = %e, "could not rebuild the partition's history")
                         }
                     }
+                    self.engine.mark(h.version);
                 }
             }
             Committed::Revoked(p) => {
@@ -283,6 +287,7 @@ impl Take<'_> {
                 self.clock.revoked(&p);
             }
             Committed::CaughtUp(p) => self.clock.caught_up(&p),
+            Committed::Commit(version) => self.engine.mark(version),
         }
     }
 

@@ -62,6 +62,8 @@ impl Positions {
 /// The rows of `lease_events` that came from Kafka, by partition, as the
 /// lake's newest snapshot holds them.
 pub struct PartitionHistory {
+    /// The manifest version read.
+    pub version: u64,
     batch: RecordBatch,
     cols: EventColumns,
     /// Row indices by partition, in offset order.
@@ -73,10 +75,10 @@ impl PartitionHistory {
     pub async fn load(lake: &Lake) -> Result<PartitionHistory> {
         let m = lake.latest().await?;
         let batch = lake.read_table(&m, Table::LeaseEvents).await?;
-        Self::from_batch(batch)
+        Self::from_batch(m.version, batch)
     }
 
-    fn from_batch(batch: RecordBatch) -> Result<PartitionHistory> {
+    fn from_batch(version: u64, batch: RecordBatch) -> Result<PartitionHistory> {
         let cols = EventColumns::new(&batch)?;
         let mut rows: HashMap<(String, i32), Vec<(i64, usize)>> = HashMap::new();
         let (Some(topic), Some(part), Some(off)) = (
@@ -84,7 +86,12 @@ impl PartitionHistory {
             batch.column_by_name("kafka_partition"),
             batch.column_by_name("kafka_offset"),
         ) else {
-            return Ok(PartitionHistory { batch, cols, rows });
+            return Ok(PartitionHistory {
+                version,
+                batch,
+                cols,
+                rows,
+            });
         };
         let (topic, part, off) = (
             topic.as_string::<i32>(),
@@ -102,7 +109,12 @@ impl PartitionHistory {
         for r in rows.values_mut() {
             r.sort_unstable();
         }
-        Ok(PartitionHistory { batch, cols, rows })
+        Ok(PartitionHistory {
+            version,
+            batch,
+            cols,
+            rows,
+        })
     }
 
     /// Gives `take` every event of `p` the engine has not had, in offset
@@ -181,7 +193,7 @@ mod tests {
             };
             b.append(&ev, &origin, 0);
         }
-        PartitionHistory::from_batch(b.finish()).unwrap()
+        PartitionHistory::from_batch(1, b.finish()).unwrap()
     }
 
     #[test]

@@ -140,12 +140,40 @@ impl Collector for IngestCollector {
     }
 }
 
+/// Where the audit's SQL tables came from, in a process with an alert
+/// engine.
+#[derive(Debug)]
+struct LiveAuditCollector(Arc<leaseline_query::LiveAudit>);
+
+impl Collector for LiveAuditCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let (answered, passed) = self.0.reads();
+        let mut fam = enc.encode_descriptor(
+            "leaseline_query_audit_reads",
+            "Reads of the audit's SQL tables: from=\"alert_engine\" answered from the alert engine's auditor, from=\"lake\" audited the lake instead (another writer committed rows this process did not read), keeping a second copy of the history",
+            None,
+            MetricType::Counter,
+        )?;
+        for (from, n) in [("alert_engine", answered), ("lake", passed)] {
+            ConstCounter::new(n).encode(fam.encode_family(&[("from", from)])?)?;
+        }
+        Ok(())
+    }
+}
+
 /// Everything `/metrics` shows.
-pub fn registry(lease: &LeaseMetrics, ingest: Option<Arc<IngestMetrics>>) -> Registry {
+pub fn registry(
+    lease: &LeaseMetrics,
+    ingest: Option<Arc<IngestMetrics>>,
+    live_audit: Option<Arc<leaseline_query::LiveAudit>>,
+) -> Registry {
     let mut r = Registry::default();
     lease.register(&mut r);
     if let Some(m) = ingest {
         r.register_collector(Box::new(IngestCollector(m)));
+    }
+    if let Some(a) = live_audit {
+        r.register_collector(Box::new(LiveAuditCollector(a)));
     }
     r
 }
@@ -167,10 +195,11 @@ const FANOUT_BATCHES: usize = 4;
 pub fn start_live(
     cfg: &Config,
     lake: Lake,
+    auditor: leaseline_audit::SharedAuditor,
     metrics: LeaseMetrics,
 ) -> anyhow::Result<(Fanout, tokio::task::JoinHandle<()>)> {
     let (fanout, rx) = Fanout::channel(FANOUT_BATCHES);
-    let engine = AlertEngine::new(cfg.alerts.clone(), cfg.audit, Some(metrics.clone()));
+    let engine = AlertEngine::with_auditor(cfg.alerts.clone(), auditor, Some(metrics.clone()));
     let notifier = Notifier::start(
         &cfg.alerts.receivers,
         cfg.alerts.queue_capacity,

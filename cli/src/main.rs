@@ -206,6 +206,11 @@ struct FlushArgs {
     /// alerts wait for the commit of their event.
     #[arg(long, env = "LEASELINE_FLUSH_INTERVAL", value_parser = humantime::parse_duration)]
     flush_interval: Option<Duration>,
+    /// When the input goes quiet, flush once the first buffered message is
+    /// this old (e.g. `100ms`): a trickle of events reaches the lake and
+    /// the alerts this soon.
+    #[arg(long, env = "LEASELINE_FLUSH_IDLE", value_parser = humantime::parse_duration)]
+    flush_idle: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -504,6 +509,9 @@ impl FlushArgs {
         }
         if let Some(v) = self.flush_interval {
             cfg.flush.flush_interval = v;
+        }
+        if let Some(v) = self.flush_idle {
+            cfg.flush.idle_flush = v;
         }
     }
 }

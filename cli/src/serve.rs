@@ -1,8 +1,9 @@
 //! `leaseline serve`: the HTTP API, the PostgreSQL protocol, and optionally
 //! ingest, in one process.
 //!
-//! With ingest, the alert engine evaluates the events as they are consumed
-//! and `/metrics` shows ingest's health too.
+//! With ingest, the alert engine evaluates the events as the lake commits
+//! them, its auditor answers the audit's SQL tables too (one copy of the
+//! history in the process), and `/metrics` shows ingest's health.
 //!
 //! Shutdown runs in order: stop consuming, flush the last Parquet file and
 //! commit offsets (all inside the ingest task), let the alert engine write
@@ -24,6 +25,7 @@ use tracing::{error, info};
 use crate::alerting;
 use crate::config::Config;
 use leaseline_alerts::LeaseMetrics;
+use leaseline_audit::SharedAuditor;
 use leaseline_ingest::{IngestHooks, IngestMetrics};
 
 /// The HTTP API's tokens (from the configuration and its tokens file)
@@ -185,9 +187,15 @@ pub async fn run(
     // With ingest in this process, queries also see the rows it has
     // consumed but not yet flushed (within a fraction of a second).
     let pending = live.then(PendingRows::new);
+    // One auditor for the alert engine and the audit's SQL tables: the
+    // engine feeds it as the lake commits, queries read it.
+    let auditor = live.then(|| SharedAuditor::new(cfg.audit));
     let mut engine = QueryEngine::with_audit_config(lake.clone(), cfg.audit).with_limits(cfg.query);
     if let Some(p) = &pending {
         engine = engine.with_pending(p.clone());
+    }
+    if let Some(a) = &auditor {
+        engine = engine.with_live_audit(a.clone());
     }
     let engine = Arc::new(engine);
     let auth = Arc::new(http_auth(&cfg)?);
@@ -215,7 +223,11 @@ pub async fn run(
     }
     let lease_metrics = LeaseMetrics::new(&cfg.metrics);
     let ingest_metrics = live.then(IngestMetrics::new);
-    let registry = Arc::new(alerting::registry(&lease_metrics, ingest_metrics.clone()));
+    let registry = Arc::new(alerting::registry(
+        &lease_metrics,
+        ingest_metrics.clone(),
+        engine.live_audit().cloned(),
+    ));
     telemetry.observe(Some(&lease_metrics), ingest_metrics.clone());
 
     let mut pg_addr = None;
@@ -313,14 +325,14 @@ pub async fn run(
     // committed it; it stops when ingest has stopped and dropped the
     // fan-out.
     let mut alerts = None;
-    let engine_fanout = if live {
-        Some(alerting::start_live(
+    let engine_fanout = match auditor {
+        Some(auditor) => Some(alerting::start_live(
             &cfg,
             lake.clone(),
+            auditor,
             lease_metrics.clone(),
-        )?)
-    } else {
-        None
+        )?),
+        None => None,
     };
     let mut ingest = engine_fanout.map(|(fanout, task)| {
         alerts = Some(task);

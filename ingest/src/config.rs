@@ -25,6 +25,14 @@ pub struct FlushPolicy {
     /// the alert engine sees only what the lake holds.
     #[serde(with = "humantime_serde")]
     pub flush_interval: Duration,
+    /// When the input has gone quiet (a short poll brought nothing), flush
+    /// once the first buffered message is this old. A trickle of events
+    /// then reaches the lake, and the alert engine, within about this
+    /// long, while a steady stream or a backlog flushes at the limits
+    /// above, in bigger files. At or above `flush_interval` it does
+    /// nothing.
+    #[serde(with = "humantime_serde")]
+    pub idle_flush: Duration,
 }
 
 impl Default for FlushPolicy {
@@ -33,6 +41,7 @@ impl Default for FlushPolicy {
             max_rows: 200_000,
             max_bytes: ByteSize::mib(64),
             flush_interval: Duration::from_millis(500),
+            idle_flush: Duration::from_millis(100),
         }
     }
 }

@@ -14,6 +14,9 @@
 //!   keeps its place behind the events read before it: with nothing
 //!   buffered it is sent at once, otherwise with the next commit. So
 //!   "caught up" reaches a consumer only after everything it covers.
+//! - A batch that follows a commit ends with [`Committed::Commit`], the
+//!   manifest version it made: a consumer that has taken the batch holds
+//!   every event this writer committed up to that version.
 //! - The channel is bounded: when the consumer falls behind, the send
 //!   waits, and with it the writer, and with it consumption. Nothing is
 //!   dropped.
@@ -49,6 +52,8 @@ pub enum Committed {
     Revoked(PartitionKey),
     /// Everything the partition held when ingest last looked is committed.
     CaughtUp(PartitionKey),
+    /// The lake commit of the events before it made this manifest version.
+    Commit(u64),
 }
 
 /// The receiving end: batches in commit order.
@@ -146,6 +151,11 @@ impl Fanout {
             return;
         }
         self.queued.push(item);
+    }
+
+    /// Closes the queue with the commit it is sent after.
+    pub(crate) fn committed(&mut self, version: u64) {
+        self.queued.push(Committed::Commit(version));
     }
 
     /// Drops queued events the commit did not keep.

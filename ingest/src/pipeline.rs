@@ -9,7 +9,9 @@
 //!    the lake already holds are skipped;
 //! 2. every [`PUBLISH_INTERVAL`], make the buffer visible to queries in the
 //!    process;
-//! 3. when the [`FlushPolicy`] says so, flush: the rows and the Kafka ranges
+//! 3. when the [`FlushPolicy`] says so, or when the source has gone quiet
+//!    (a poll of [`IDLE_POLL`] brought nothing) and the buffer is
+//!    [`FlushPolicy::idle_flush`] old, flush: the rows and the Kafka ranges
 //!    they cover go to the lake in one commit; only then do committed
 //!    events reach the process's consumers ([`crate::fanout`]), and the
 //!    source hears of it ([`Source::committed`]: Kafka commits offsets to
@@ -36,6 +38,10 @@ use crate::writer::{FlushReport, LakeWriter, WriterStats};
 /// The longest a source waits for input before the loop looks at its
 /// timers (publish, flush interval) and the stop token.
 pub const POLL_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// How long a poll waits while rows are buffered: a poll this long that
+/// brings nothing means the input has gone quiet.
+pub const IDLE_POLL: Duration = Duration::from_millis(20);
 
 /// How often buffered rows are published to readers in this process
 /// (`leaseline serve --ingest`): well inside the one second in which an
@@ -119,10 +125,17 @@ fn drive(
 ) -> Result<WriterStats> {
     let mut last_publish = Instant::now();
     while !stop.is_cancelled() {
-        let step = source.poll(POLL_TIMEOUT, &mut |polled| {
+        let timeout = if lock(writer).is_buffering() {
+            IDLE_POLL
+        } else {
+            POLL_TIMEOUT
+        };
+        let mut quiet = true;
+        let step = source.poll(timeout, &mut |polled| {
             let mut w = lock(writer);
             match polled {
                 Polled::Message(payload, origin) => {
+                    quiet = false;
                     let committed = match origin {
                         Origin::Kafka {
                             topic,
@@ -148,7 +161,7 @@ fn drive(
         if step == Step::End {
             break;
         }
-        if w.should_flush(policy) {
+        if w.should_flush(policy) || (quiet && w.idle_flush_due(policy)) {
             match handle.block_on(w.flush()) {
                 Ok(report) => source.committed(&w, &report),
                 Err(e) => source.flush_failed(&mut w, e, handle)?,

@@ -310,6 +310,18 @@ impl LakeWriter {
         outcome
     }
 
+    /// Whether rows are buffered.
+    pub fn is_buffering(&self) -> bool {
+        self.buffered_rows > 0
+    }
+
+    /// With the input quiet: whether the buffer is old enough to flush
+    /// ([`FlushPolicy::idle_flush`]).
+    pub fn idle_flush_due(&self, policy: &FlushPolicy) -> bool {
+        self.first_buffered
+            .is_some_and(|t| t.elapsed() >= policy.idle_flush)
+    }
+
     pub fn should_flush(&self, policy: &FlushPolicy) -> bool {
         self.buffered_rows >= policy.max_rows
             || self.buffered_bytes >= policy.max_bytes.as_u64()
@@ -381,7 +393,12 @@ impl LakeWriter {
         if let Some(f) = &mut self.fanout {
             match &result {
                 // Only now, with the rows in the lake.
-                Ok(_) => f.send().await,
+                Ok(r) => {
+                    if !r.files.is_empty() {
+                        f.committed(r.version);
+                    }
+                    f.send().await
+                }
                 // The rows are gone from the buffer and will be read again.
                 Err(_) => f.drop_events(),
             }

@@ -78,14 +78,22 @@ async fn an_import_hands_every_committed_event_to_consumers_once_in_order() {
     let expected: Vec<String> = (0..2_500).map(|i| format!("e{i}")).collect();
     assert_eq!(ids, expected, "each event once, in the order read");
     assert_eq!(
-        got.last(),
+        got.iter().rfind(|c| !matches!(c, Committed::Commit(_))),
         Some(&Committed::CaughtUp(("".into(), 0))),
         "the end of the files comes after their last event"
     );
-    assert_eq!(
-        lake.latest().await.unwrap().rows_of(Table::LeaseEvents),
-        2_500
-    );
+    let latest = lake.latest().await.unwrap();
+    assert_eq!(latest.rows_of(Table::LeaseEvents), 2_500);
+    let commits: Vec<u64> = got
+        .iter()
+        .filter_map(|c| match c {
+            Committed::Commit(v) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(commits.len(), 9, "one per flush of 300 rows");
+    assert!(commits.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(commits.last(), Some(&latest.version));
 
     // Imported again, with a file of new events: only those are new.
     let b = file(

@@ -115,8 +115,13 @@ async fn flush_policy_by_rows_bytes_and_time() {
         max_rows: 3,
         max_bytes: bytesize::ByteSize::b(10_000),
         flush_interval: std::time::Duration::from_secs(3600),
+        idle_flush: std::time::Duration::from_secs(3600),
     };
     assert!(!w.should_flush(&never));
+    assert!(
+        !w.idle_flush_due(&FlushPolicy::default()),
+        "nothing buffered"
+    );
     w.push(&event("1", 1), kafka(0, 0));
     assert!(!w.should_flush(&never), "one row, few bytes, young");
     let soon = FlushPolicy {
@@ -126,6 +131,16 @@ async fn flush_policy_by_rows_bytes_and_time() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert!(!w.should_flush(&never), "time limit not reached");
     assert!(w.should_flush(&soon), "time limit");
+    assert!(!w.idle_flush_due(&never), "idle limit not reached");
+    let quiet = FlushPolicy {
+        idle_flush: std::time::Duration::from_millis(50),
+        ..never
+    };
+    assert!(w.idle_flush_due(&quiet), "idle limit");
+    assert!(
+        !w.should_flush(&quiet),
+        "the idle limit counts only when the input is quiet"
+    );
     w.flush().await.unwrap();
     assert!(
         !w.should_flush(&soon),
@@ -181,13 +196,19 @@ async fn consumers_see_an_event_only_once_the_lake_holds_it() {
     }));
     w.send_notices().await;
     assert!(rx.try_recv().is_err(), "nothing is committed yet");
-    w.flush().await.unwrap();
+    let report = w.flush().await.unwrap();
     let batch = rx.try_recv().unwrap();
-    assert_eq!(batch.len(), 2, "{batch:?}");
+    assert_eq!(batch.len(), 3, "{batch:?}");
     assert!(
         matches!(&batch[0], Committed::Event(ev, (t, 0), _) if &**t == "t" && ev.event_id.as_deref() == Some("a"))
     );
     assert_eq!(batch[1], Committed::CaughtUp(("t".into(), 0)));
+    assert_eq!(
+        batch[2],
+        Committed::Commit(report.version),
+        "the batch ends with the version that holds it"
+    );
+    assert_eq!(report.version, lake.latest().await.unwrap().version);
 }
 
 #[tokio::test]

@@ -8,6 +8,13 @@
 //! query) costs little and a repeated query costs nothing; a snapshot that
 //! replaced files (compaction) is audited from scratch. The tables are only
 //! computed when a query scans one of them.
+//!
+//! A process that also feeds an alert engine (`serve --ingest`) gives its
+//! auditor to the query engine as a [`LiveAudit`]: when that auditor holds
+//! exactly a snapshot's events (see [`SharedAuditor`]), the tables come
+//! from it and the cache stays empty, so the process keeps one copy of the
+//! history. Rows an ingester has buffered but not committed are then not in
+//! the derived tables until their commit, a fraction of a second later.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -23,7 +30,7 @@ use datafusion::datasource::{MemTable, TableType};
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
-use leaseline_audit::{AuditConfig, Auditor, Grant, LeaseHolder, Violation};
+use leaseline_audit::{AuditConfig, Auditor, Grant, LeaseHolder, SharedAuditor, Violation};
 use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
 use leaseline_schema::{EventColumns, LeaseEvent};
 use tokio::sync::Mutex;
@@ -282,6 +289,79 @@ impl AuditCache {
         let mut auditor = Auditor::new(self.config);
         push_files(&mut auditor, lake, &files).await?;
         Ok(Arc::new(derive(&mut auditor, m.version)))
+    }
+}
+
+/// How long a query waits for the process's alert engine to take a commit
+/// the query reads, before it audits the lake itself: the engine takes a
+/// commit within milliseconds unless it is far behind.
+const LIVE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The derived tables of an auditor the process feeds as the lake commits
+/// (its alert engine's); see the module docs.
+pub struct LiveAudit {
+    shared: SharedAuditor,
+    /// The tables and the number of events they were derived from.
+    derived: std::sync::Mutex<Option<(usize, Arc<AuditTables>)>>,
+    /// Reads answered from the shared auditor, and those that were not.
+    answered: std::sync::atomic::AtomicU64,
+    passed: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for LiveAudit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveAudit").finish_non_exhaustive()
+    }
+}
+
+impl LiveAudit {
+    pub fn new(shared: SharedAuditor) -> LiveAudit {
+        LiveAudit {
+            shared,
+            derived: std::sync::Mutex::new(None),
+            answered: Default::default(),
+            passed: Default::default(),
+        }
+    }
+
+    /// Reads answered from the shared auditor, and reads that audited the
+    /// lake instead because it did not hold their snapshot.
+    pub fn reads(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.answered.load(Relaxed), self.passed.load(Relaxed))
+    }
+
+    /// The tables for snapshot `m` when the auditor holds every event of
+    /// it, none otherwise. Derived again only after new events.
+    pub async fn tables(self: &Arc<Self>, m: &Manifest) -> Result<Option<Arc<AuditTables>>> {
+        let (live, version, rows) = (self.clone(), m.version, m.rows_of(Table::LeaseEvents));
+        tokio::task::spawn_blocking(move || {
+            if !live.shared.covers(version, rows) {
+                // A commit the engine has not taken yet: it soon will.
+                // Another writer's commit never gets a mark, so that wait
+                // is bounded.
+                if !live.shared.wait_for_mark(version, LIVE_WAIT)
+                    || !live.shared.covers(version, rows)
+                {
+                    live.passed
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return None;
+                }
+            }
+            live.answered
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut auditor = live.shared.lock();
+            let n = auditor.len();
+            let mut derived = live.derived.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, t)) = derived.as_ref().filter(|(k, _)| *k == n) {
+                return Some(t.clone());
+            }
+            let t = Arc::new(derive(&mut auditor, version));
+            *derived = Some((n, t.clone()));
+            Some(t)
+        })
+        .await
+        .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))
     }
 }
 
@@ -555,6 +635,8 @@ pub(crate) struct AuditSource {
     pub lake: Lake,
     pub manifest: Manifest,
     pub cache: Arc<AuditCache>,
+    /// The process's alert engine's auditor, tried first.
+    pub live: Option<Arc<LiveAudit>>,
     /// `lease_events` rows not yet in `manifest` (buffered by an ingester
     /// in this process).
     pub pending: Vec<RecordBatch>,
@@ -566,12 +648,14 @@ impl AuditSource {
         lake: Lake,
         manifest: Manifest,
         cache: Arc<AuditCache>,
+        live: Option<Arc<LiveAudit>>,
         pending: Vec<RecordBatch>,
     ) -> AuditSource {
         AuditSource {
             lake,
             manifest,
             cache,
+            live,
             pending,
             tables: tokio::sync::OnceCell::new(),
         }
@@ -580,6 +664,11 @@ impl AuditSource {
     async fn tables(&self) -> Result<Arc<AuditTables>> {
         self.tables
             .get_or_try_init(|| async {
+                if let Some(live) = &self.live {
+                    if let Some(t) = live.tables(&self.manifest).await? {
+                        return Ok(t);
+                    }
+                }
                 if self.pending.iter().all(|b| b.num_rows() == 0) {
                     self.cache.tables(&self.lake, &self.manifest).await
                 } else {

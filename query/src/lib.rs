@@ -47,7 +47,7 @@ mod limits;
 pub mod memory;
 pub mod output;
 
-pub use crate::audit::{AuditCache, AuditTables, AuditView};
+pub use crate::audit::{AuditCache, AuditTables, AuditView, LiveAudit};
 use crate::audit::{AuditSource, AuditTableProvider};
 pub use crate::depth::MAX_EXPR_DEPTH;
 pub use crate::limits::QueryLimits;
@@ -243,6 +243,8 @@ struct Streaming {
 pub struct QueryEngine {
     lake: Lake,
     audit: Arc<AuditCache>,
+    /// The auditor of this process's alert engine, when it has one.
+    live_audit: Option<Arc<LiveAudit>>,
     limits: QueryLimits,
     /// Rows an ingester in this process consumed but has not flushed.
     pending: Option<PendingRows>,
@@ -262,6 +264,7 @@ impl QueryEngine {
         QueryEngine {
             lake,
             audit: Arc::new(AuditCache::new(config)),
+            live_audit: None,
             limits: QueryLimits::default(),
             pending: None,
             admission: Arc::new(tokio::sync::Semaphore::new(
@@ -276,6 +279,19 @@ impl QueryEngine {
     pub fn with_pending(mut self, pending: PendingRows) -> Self {
         self.pending = Some(pending);
         self
+    }
+
+    /// The same engine, answering the audit's tables from `auditor`
+    /// whenever it holds a snapshot's events: the alert engine's, in a
+    /// process that ingests (see [`LiveAudit`]).
+    pub fn with_live_audit(mut self, auditor: leaseline_audit::SharedAuditor) -> Self {
+        self.live_audit = Some(Arc::new(LiveAudit::new(auditor)));
+        self
+    }
+
+    /// The alert engine's auditor as the audit tables see it, if given.
+    pub fn live_audit(&self) -> Option<&Arc<LiveAudit>> {
+        self.live_audit.as_ref()
     }
 
     /// What a query reads: a manifest and the rows not yet in it. Buffered
@@ -332,6 +348,11 @@ impl QueryEngine {
     /// The audit's tables of the lake's newest version.
     pub async fn audit_tables(&self) -> Result<Arc<AuditTables>> {
         let m = self.lake.latest().await?;
+        if let Some(live) = &self.live_audit {
+            if let Some(t) = live.tables(&m).await? {
+                return Ok(t);
+            }
+        }
         self.audit.tables(&self.lake, &m).await
     }
 
@@ -435,6 +456,7 @@ impl QueryEngine {
             self.lake.clone(),
             m,
             self.audit.clone(),
+            self.live_audit.clone(),
             pending.map(|p| p.events.clone()).unwrap_or_default(),
         ))
     }

@@ -10,7 +10,8 @@
 //!
 //! The engine is four parts, each in its module:
 //! - **intake** (here): de-duplicates events and interns their strings
-//!   through the audit engine ([`Auditor`]) it shares with SQL's rules,
+//!   through the audit engine ([`leaseline_audit::Auditor`]), which it
+//!   shares with the process's SQL tables ([`SharedAuditor`]),
 //!   counts them into evaluation steps, and confirms the audit's
 //!   violations once the watermark has passed them;
 //! - **rules** ([`rules`]) behind one interface: event rules (forced
@@ -39,7 +40,7 @@ mod rules;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use leaseline_audit::{AuditConfig, Auditor, Violation};
+use leaseline_audit::{AuditConfig, SharedAuditor, Violation};
 use leaseline_schema::{Kind, LeaseEvent};
 
 use crate::alert::Alert;
@@ -70,7 +71,7 @@ pub(crate) struct Intake<'a> {
 pub struct AlertEngine {
     cfg: AlertsConfig,
     skew_us: i64,
-    auditor: Auditor,
+    auditor: SharedAuditor,
     rules: Vec<Box<dyn Rule>>,
     observer: Box<dyn Observer>,
     lifecycle: Lifecycle,
@@ -91,17 +92,28 @@ pub struct AlertEngine {
 impl AlertEngine {
     /// A new engine. `cfg` must have passed [`AlertsConfig::validate`].
     pub fn new(cfg: AlertsConfig, audit: AuditConfig, metrics: Option<LeaseMetrics>) -> Self {
+        Self::with_auditor(cfg, SharedAuditor::new(audit), metrics)
+    }
+
+    /// A new engine that pushes into `auditor`, an empty one or one
+    /// holding only events this engine is not given again.
+    pub fn with_auditor(
+        cfg: AlertsConfig,
+        auditor: SharedAuditor,
+        metrics: Option<LeaseMetrics>,
+    ) -> Self {
+        let skew = auditor.lock().config().clock_skew_tolerance;
         let observer: Box<dyn Observer> = match metrics {
             Some(m) => Box::new(m),
             None => Box::new(Unobserved),
         };
         AlertEngine {
             steps: Steps::new(micros(cfg.evaluation_interval).max(1)),
-            skew_us: micros(audit.clock_skew_tolerance),
+            skew_us: micros(skew),
             rules: rules::build(&cfg.rules),
             lifecycle: Lifecycle::new(cfg.external_url.clone()),
             cfg,
-            auditor: Auditor::new(audit),
+            auditor,
             observer,
             max_ts: None,
             watermark: i64::MIN,
@@ -126,6 +138,12 @@ impl AlertEngine {
         self.watermark
     }
 
+    /// The engine has been given every event of lake snapshot `version`
+    /// that it will hold (see [`SharedAuditor`]).
+    pub fn mark(&self, version: u64) {
+        self.auditor.mark(version);
+    }
+
     /// Counts a lease whose events came from more than one input partition.
     pub fn count_lease_on_several_partitions(&self) {
         self.observer.several_partitions();
@@ -139,10 +157,18 @@ impl AlertEngine {
     /// Takes one event. Returns false for a duplicate (an `event_id` the
     /// audit has already seen).
     pub fn push(&mut self, ev: &LeaseEvent<'_>) -> bool {
-        if !self.auditor.push(ev) {
+        let mut auditor = self.auditor.lock();
+        if !auditor.push(ev) {
+            drop(auditor);
             self.observer.duplicate();
             return false;
         }
+        let lease = auditor
+            .lease_name(&ev.lease_id)
+            .expect("the audit interned the lease it was just given");
+        let named = ev.backend.as_deref().map(|b| auditor.intern(b));
+        let holder = ev.holder_id.as_deref().map(|h| auditor.intern(h));
+        drop(auditor);
         self.pushed += 1;
         let ts = ev.ts_us;
         if ts < self.watermark {
@@ -150,13 +176,7 @@ impl AlertEngine {
             self.observer.late();
         }
         self.max_ts = Some(self.max_ts.map_or(ts, |m| m.max(ts)));
-        let lease = self
-            .auditor
-            .lease_name(&ev.lease_id)
-            .expect("the audit interned the lease it was just given");
-        let named = ev.backend.as_deref().map(|b| self.auditor.intern(b));
         let backend = self.steps.backend(&lease, named);
-        let holder = ev.holder_id.as_deref().map(|h| self.auditor.intern(h));
         self.steps.saw(ts);
         let next = (self.steps.floor(ts) + self.steps.step)
             .max(self.last_eval.saturating_add(self.steps.step));
@@ -202,7 +222,7 @@ impl AlertEngine {
 
     /// Feeds the audit's new and retracted violations in.
     fn take_violations(&mut self) {
-        let changes = self.auditor.drain_changes();
+        let changes = self.auditor.lock().drain_changes();
         for v in changes.retracted {
             self.unconfirmed.remove(&v);
         }

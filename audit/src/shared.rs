@@ -1,0 +1,200 @@
+//! One auditor for a process: its alert engine feeds it, its SQL reads it.
+//!
+//! `serve --ingest` gives its alert engine every event the lake commits.
+//! The audit's SQL tables (`lease_timeline`, `lease_violations`,
+//! `lease_holders`) answer from the same auditor whenever it holds exactly
+//! the events of the snapshot a query reads, so the process keeps one copy
+//! of the history rather than two.
+//!
+//! The protocol:
+//! - The feeder only ever pushes committed events: events handed over
+//!   after the lake committed them, and rows read back from the lake. So
+//!   the auditor's events are a subset of any later snapshot's rows.
+//! - After catching up with snapshot version `v` (the events of its own
+//!   commit `v`, or a replay of the lake read at `v`), the feeder calls
+//!   [`SharedAuditor::mark`]: the auditor then held `n` distinct events,
+//!   all of them rows of `v`. Marks only move forward: after a replay read
+//!   at `v`, a commit older than `v` proves nothing (the auditor may hold
+//!   rows committed after it).
+//! - A reader at snapshot `m` whose `lease_events` has `rows` rows asks
+//!   [`SharedAuditor::covers`]: true when the newest mark at or below `m`
+//!   counted `rows` events. A subset of equal size is the same set, and
+//!   nothing but appends changes the row count (compaction keeps every row,
+//!   one per `event_id`). Otherwise another writer committed rows since, or
+//!   the lake holds rows this process never read (another ingester of the
+//!   group, an import), and the reader audits the lake itself.
+//! - A covering auditor may have moved on past `m` by the time it is read:
+//!   the answer then also holds this process's later commits, never an
+//!   event the lake does not hold.
+//!
+//! Reads take the lock for as long as they recompute and copy out the
+//! tables, and the feeder waits meanwhile; what feeds it (ingest's bounded
+//! fan-out) waits in turn, so nothing is dropped.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::{AuditConfig, Auditor};
+
+/// Marks kept: enough for the snapshots concurrent queries read, which
+/// are at most a few commits old.
+const MARKS: usize = 256;
+
+/// A cloneable handle on one [`Auditor`]; see the module docs.
+#[derive(Clone)]
+pub struct SharedAuditor {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    auditor: Mutex<Auditor>,
+    /// Snapshot version → distinct events held once caught up with it.
+    marks: Mutex<BTreeMap<u64, usize>>,
+    /// Signalled on every mark.
+    marked: Condvar,
+}
+
+impl std::fmt::Debug for SharedAuditor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedAuditor").finish_non_exhaustive()
+    }
+}
+
+/// A poisoned lock means a push panicked half-way; the auditor's state is
+/// still a set of whole events (each push either files an event or not),
+/// so readers go on rather than cascade the panic.
+fn relock<T>(r: std::sync::LockResult<MutexGuard<'_, T>>) -> MutexGuard<'_, T> {
+    r.unwrap_or_else(|e| e.into_inner())
+}
+
+impl SharedAuditor {
+    pub fn new(config: AuditConfig) -> SharedAuditor {
+        SharedAuditor {
+            inner: Arc::new(Inner {
+                auditor: Mutex::new(Auditor::new(config)),
+                marks: Mutex::new(BTreeMap::new()),
+                marked: Condvar::new(),
+            }),
+        }
+    }
+
+    /// The auditor, locked.
+    pub fn lock(&self) -> MutexGuard<'_, Auditor> {
+        relock(self.inner.auditor.lock())
+    }
+
+    /// The feeder has caught up with snapshot `version`. A mark older than
+    /// the newest is ignored: the auditor may hold rows committed after it
+    /// (a replay read a newer snapshot), so it would prove nothing.
+    pub fn mark(&self, version: u64) {
+        let n = self.lock().len();
+        let mut marks = relock(self.inner.marks.lock());
+        if marks
+            .last_key_value()
+            .is_some_and(|(&last, _)| version < last)
+        {
+            return;
+        }
+        marks.insert(version, n);
+        while marks.len() > MARKS {
+            marks.pop_first();
+        }
+        self.inner.marked.notify_all();
+    }
+
+    /// Waits, at most `timeout`, until a mark at or above `version` is
+    /// made: the feeder has taken that commit. Blocks the calling thread.
+    /// Returns whether it came.
+    pub fn wait_for_mark(&self, version: u64, timeout: Duration) -> bool {
+        let marks = relock(self.inner.marks.lock());
+        let behind =
+            |m: &mut BTreeMap<u64, usize>| m.last_key_value().is_none_or(|(&v, _)| v < version);
+        let (marks, _) = self
+            .inner
+            .marked
+            .wait_timeout_while(marks, timeout, behind)
+            .unwrap_or_else(|e| e.into_inner());
+        marks.last_key_value().is_some_and(|(&v, _)| v >= version)
+    }
+
+    /// Whether the auditor holds every event of snapshot `version`, whose
+    /// `lease_events` has `rows` rows.
+    pub fn covers(&self, version: u64, rows: u64) -> bool {
+        let marks = relock(self.inner.marks.lock());
+        marks
+            .range(..=version)
+            .next_back()
+            .is_some_and(|(_, &n)| n as u64 == rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leaseline_schema::decode;
+
+    fn push(a: &SharedAuditor, id: &str) {
+        let line = format!(
+            r#"{{"ts":"2026-09-14T10:00:00Z","kind":"acquired","source":"coordinator","lease_id":"L","holder_id":"h","fencing_token":1,"ttl_ms":1000,"event_id":"{id}"}}"#
+        );
+        a.lock().push(&decode(line.as_bytes()).unwrap());
+    }
+
+    #[test]
+    fn a_mark_covers_its_snapshot_and_compactions_of_it_only_at_equal_size() {
+        let a = SharedAuditor::new(AuditConfig::default());
+        assert!(!a.covers(0, 0), "nothing marked: nothing is known");
+        push(&a, "e1");
+        push(&a, "e2");
+        a.mark(3);
+        assert!(!a.covers(2, 2), "an older snapshot than any mark");
+        assert!(a.covers(3, 2));
+        // A compaction at version 4 keeps the rows: still covered.
+        assert!(a.covers(4, 2));
+        // Another writer's commit at version 5 added a row never pushed.
+        assert!(!a.covers(5, 3));
+        // Events pushed after the mark do not change what it proved.
+        push(&a, "e3");
+        assert!(a.covers(3, 2));
+        a.mark(6);
+        assert!(a.covers(6, 3));
+        assert!(!a.covers(6, 4));
+        // A replay read at version 9 came in before the commit of version 8
+        // was taken: the auditor may hold rows of version 9, so the older
+        // commit proves nothing.
+        push(&a, "e4");
+        a.mark(9);
+        push(&a, "e5");
+        a.mark(8);
+        assert!(!a.covers(8, 5));
+        assert!(a.covers(8, 3), "still the mark of version 6");
+        assert!(a.covers(9, 4));
+    }
+
+    #[test]
+    fn a_reader_waits_for_the_feeder_to_take_a_commit() {
+        let a = SharedAuditor::new(AuditConfig::default());
+        a.mark(1);
+        assert!(a.wait_for_mark(1, Duration::ZERO));
+        assert!(!a.wait_for_mark(2, Duration::from_millis(10)));
+        let feeder = a.clone();
+        let t = std::thread::spawn(move || {
+            push(&feeder, "e1");
+            feeder.mark(2);
+        });
+        assert!(a.wait_for_mark(2, Duration::from_secs(60)));
+        t.join().unwrap();
+        assert!(a.covers(2, 1));
+    }
+
+    #[test]
+    fn marks_are_bounded() {
+        let a = SharedAuditor::new(AuditConfig::default());
+        for v in 0..(MARKS as u64 + 10) {
+            a.mark(v);
+        }
+        assert!(!a.covers(5, 0), "the oldest marks are let go");
+        assert!(a.covers(MARKS as u64 + 9, 0));
+    }
+}
