@@ -17,15 +17,13 @@ else
 fi
 dir=target/$profile
 work=$(mktemp -d)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-kport=$(free_port); aport=$(free_port)
-RUST_LOG=warn tansu broker --listener-url "tcp://127.0.0.1:$kport" --advertised-listener-url "tcp://127.0.0.1:$kport" \
-  --storage-engine memory://tansu/ >"$work/tansu.log" 2>&1 &
-tansu_pid=$!
+. scripts/bench-broker.sh
+trap 'kill ${tansu_pid:-} ${am_pid:-} 2>/dev/null; rm -rf "$work"' EXIT
+start_broker
+kport=$port; aport=$(free_port)
 printf 'route:\n  receiver: devnull\n  group_wait: 1s\nreceivers:\n  - name: devnull\n' >"$work/am.yml"
 prometheus-alertmanager --config.file="$work/am.yml" --storage.path="$work/am" \
   --web.listen-address="127.0.0.1:$aport" --cluster.listen-address= >"$work/am.log" 2>&1 &
 am_pid=$!
-trap 'kill $tansu_pid $am_pid 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$aport/-/ready" >/dev/null && break; sleep 0.1; done
 "$dir/examples/bench_alert_latency" "127.0.0.1:$kport" "http://127.0.0.1:$aport" "$dir/leaseline" "$work" "$alerts"

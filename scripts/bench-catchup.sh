@@ -20,15 +20,12 @@ else
 fi
 dir=target/$profile
 work=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-RUST_LOG=warn tansu broker --listener-url "tcp://127.0.0.1:$port" --advertised-listener-url "tcp://127.0.0.1:$port" \
-  --storage-engine memory://tansu/ >"$work/tansu.log" 2>&1 &
-tansu_pid=$!
-trap 'kill $tansu_pid 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
-# Every fault switch on; 10,000 leases make a million events about ten
-# minutes of event time.
-"$dir/leaseline" simulate --seed 11 --start 2026-11-01T00:00:00Z --leases $((events / 100)) \
+. scripts/bench-broker.sh
+trap 'kill ${tansu_pid:-} 2>/dev/null; rm -rf "$work"' EXIT
+start_broker
+# Faults on; a lease makes about 1.3 events a second, so EVENTS/800 leases
+# make EVENTS events in about ten minutes of event time.
+"$dir/leaseline" simulate --seed 11 --start 2026-11-01T00:00:00Z --leases $((events / 800)) \
   --events "$events" --crash 0.02 --pause 0.02 --double-grant 0.01 --late-fence 0.01 \
   --output "$work/history.ndjson" >/dev/null
 "$dir/examples/bench_catchup" "127.0.0.1:$port" "$dir/leaseline" "$work" "$work/history.ndjson" "$rounds"

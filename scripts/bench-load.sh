@@ -35,12 +35,9 @@ cargo build --release -p leaseline --bin leaseline --example bench_load
 target=${CARGO_TARGET_DIR:-target}
 bin=$target/release/leaseline
 work=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-RUST_LOG=warn tansu broker --listener-url "tcp://127.0.0.1:$port" --advertised-listener-url "tcp://127.0.0.1:$port" \
-  --storage-engine memory://tansu/ >"$work/tansu.log" 2>&1 &
-tansu_pid=$!
-trap 'kill $tansu_pid 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+. scripts/bench-broker.sh
+trap 'kill ${tansu_pid:-} 2>/dev/null; rm -rf "$work"' EXIT
+start_broker
 
 # One simulated fleet of 20,000 leases (3 holders each, 6 s TTL) with the
 # faults of production: keepalive blips, crashes (forced expiries), pauses

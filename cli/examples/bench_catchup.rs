@@ -30,6 +30,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
+mod common;
+
 const TOPIC: &str = "catchup";
 
 /// The alerts a history proves by its events alone.
@@ -50,32 +52,8 @@ fn key(labels: &serde_json::Value) -> String {
     )
 }
 
-/// The committed `lease_events` rows of the lake's newest manifest.
 fn committed(lake: &Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(lake.join("_manifest")) else {
-        return 0;
-    };
-    let Some(last) = rd
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .max()
-    else {
-        return 0;
-    };
-    let Ok(v) = std::fs::read_to_string(last)
-        .map_err(|_| ())
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|_| ()))
-    else {
-        return 0;
-    };
-    v["files"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|f| f["table"] == "lease_events")
-        .map(|f| f["rows"].as_u64().unwrap_or(0))
-        .sum()
+    common::committed_rows(lake).0
 }
 
 /// A webhook receiver: every alert sent as firing, by key.
@@ -159,7 +137,8 @@ fn run(bin: &str, args: &[&str], lake: &Path, cfg: &Path) -> Child {
         .arg(lake)
         .arg("--config")
         .arg(cfg)
-        .env("LEASELINE_LOG", "warn")
+        // Each alert is logged at warn: thousands of lines.
+        .env("LEASELINE_LOG", "error")
         .stdout(Stdio::null())
         .spawn()
         .unwrap()

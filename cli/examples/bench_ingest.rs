@@ -16,6 +16,8 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
+mod common;
+
 const TOPIC: &str = "bench-leases";
 
 fn event(i: u64) -> String {
@@ -42,39 +44,6 @@ fn event(i: u64) -> String {
         (i % 50) as f64 / 3.0,
         i * 3,
     )
-}
-
-fn manifest_rows(lake: &Path) -> (u64, u64) {
-    let dir = lake.join("_manifest");
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        return (0, 0);
-    };
-    let Some(last) = rd
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .max()
-    else {
-        return (0, 0);
-    };
-    let Ok(text) = std::fs::read_to_string(last) else {
-        return (0, 0);
-    };
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-        return (0, 0);
-    };
-    let files = v["files"].as_array().cloned().unwrap_or_default();
-    let rows = files
-        .iter()
-        .filter(|f| f["table"] == "lease_events")
-        .map(|f| f["rows"].as_u64().unwrap_or(0))
-        .sum();
-    let bytes = files
-        .iter()
-        .filter(|f| f["table"] == "lease_events")
-        .map(|f| f["bytes"].as_u64().unwrap_or(0))
-        .sum();
-    (rows, bytes)
 }
 
 fn vm_hwm_kib(pid: u32) -> u64 {
@@ -135,7 +104,7 @@ fn ingest(bin: &str, brokers: &str, n: u64, round: u32, work: &Path) -> (Duratio
     let mut hwm = 0;
     loop {
         hwm = hwm.max(vm_hwm_kib(child.id()));
-        let (rows, _) = manifest_rows(&lake);
+        let (rows, _) = common::committed_rows(&lake);
         if rows >= n {
             break;
         }
@@ -145,7 +114,7 @@ fn ingest(bin: &str, brokers: &str, n: u64, round: u32, work: &Path) -> (Duratio
     hwm = hwm.max(vm_hwm_kib(child.id()));
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     child.wait().unwrap();
-    let (_, bytes) = manifest_rows(&lake);
+    let (_, bytes) = common::committed_rows(&lake);
     (took, hwm, bytes)
 }
 
