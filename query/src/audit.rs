@@ -661,7 +661,7 @@ impl AuditSource {
         }
     }
 
-    async fn tables(&self) -> Result<Arc<AuditTables>> {
+    pub(crate) async fn tables(&self) -> Result<Arc<AuditTables>> {
         self.tables
             .get_or_try_init(|| async {
                 if let Some(live) = &self.live {

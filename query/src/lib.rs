@@ -348,12 +348,7 @@ impl QueryEngine {
     /// The audit's tables of the lake's newest version.
     pub async fn audit_tables(&self) -> Result<Arc<AuditTables>> {
         let m = self.lake.latest().await?;
-        if let Some(live) = &self.live_audit {
-            if let Some(t) = live.tables(&m).await? {
-                return Ok(t);
-            }
-        }
-        self.audit.tables(&self.lake, &m).await
+        self.audit_source(m, None).tables().await
     }
 
     pub fn lake(&self) -> &Lake {
