@@ -105,9 +105,19 @@ if ! command -v tansu >/dev/null 2>&1; then
   cargo install tansu --locked --features dynostore
 fi
 
-if ! python3 -c "import duckdb" >/dev/null 2>&1; then
-  echo "== installing duckdb for python =="
-  python3 -m pip install --quiet --disable-pip-version-check duckdb
+# Independent readers of the lake's Delta tables, pinned together: the
+# delta extension is built for one DuckDB release.
+lake_readers=(duckdb==1.4.4 duckdb-ext-delta==1.4.4.20260205 deltalake==1.6.6 polars==2.1.0)
+if ! python3 - "${lake_readers[@]}" >/dev/null 2>&1 <<'PY'
+import sys
+from importlib.metadata import version
+for pin in sys.argv[1:]:
+    name, want = pin.split("==")
+    assert version(name) == want, pin
+PY
+then
+  echo "== installing the lake's other readers for python: ${lake_readers[*]} =="
+  python3 -m pip install --quiet --disable-pip-version-check "${lake_readers[@]}"
 fi
 
 if ! python3 -c "import psycopg" >/dev/null 2>&1; then

@@ -70,7 +70,7 @@ fn a_directory_with_nothing_committed_is_not_a_lake() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         first_line(&out.stderr),
-        "error: no lake at empty: nothing has been committed there (no _manifest/ manifests)"
+        "error: no lake at empty: nothing has been committed there (no Delta tables)"
     );
 }
 
@@ -105,7 +105,7 @@ fn a_sql_error_is_said_once_with_the_tables_as_a_hint() {
         err.lines().collect::<Vec<_>>(),
         [
             "error: SQL error: sql parser error: Expected: an SQL statement, found: SELEC at Line: 1, Column: 1",
-            "hint: the tables are lease_events, lease_rejects, lease_timeline, lease_violations, lease_holders, lease_alerts; every surface is read-only (SELECT, EXPLAIN, SHOW, DESCRIBE)"
+            "hint: the tables are lease_events, lease_rejects, lease_alerts, lease_timeline, lease_violations, lease_holders; every surface is read-only (SELECT, EXPLAIN, SHOW, DESCRIBE)"
         ]
     );
 

@@ -1,10 +1,9 @@
 //! The alert history: every state change, as rows of `lease_alerts`.
 //!
-//! Rows are written as Parquet files under `lease_alerts/` in the lake, one
-//! file per flush, each put in one atomic write with a unique name, so a
-//! reader sees a flush entirely or not at all. The table is append-only and
-//! outside the lake's manifest: alerts are derived data, and writing them
-//! must never contend with ingest's commits.
+//! Rows go to the lake's `lease_alerts` Delta table, one commit per flush,
+//! so a reader sees a flush entirely or not at all. It is its own table:
+//! alerts are derived data, and their commits never contend with ingest's
+//! (a conflict with another alert writer is retried on the newer version).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,12 +12,8 @@ use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
 use arrow::datatypes::TimestampMicrosecondType;
-use leaseline_lake::Lake;
-use leaseline_schema::{ALERTS_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
-use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
+use leaseline_lake::{Lake, Table};
+use leaseline_schema::ALERTS_SCHEMA;
 
 use crate::alert::{fingerprint, Alert, AlertState};
 use crate::error::Result;
@@ -104,20 +99,7 @@ impl AlertHistory {
             return Ok(0);
         }
         let batch = self.to_batch()?;
-        let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::default()))
-            .set_key_value_metadata(Some(vec![KeyValue::new(
-                SCHEMA_VERSION_KEY.to_string(),
-                SCHEMA_VERSION.to_string(),
-            )]))
-            .build();
-        let mut buf = Vec::new();
-        let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props))?;
-        w.write(&batch)?;
-        w.close()?;
-        let day = chrono::Utc::now().format("%Y-%m-%d");
-        let name = format!("{ALERTS_DIR}/date={day}/{}.parquet", uuid::Uuid::new_v4());
-        lake.store().put(&name, buf).await?;
+        lake.append(Table::LeaseAlerts, &batch).await?;
         let n = self.rows.len();
         self.rows.clear();
         Ok(n)
@@ -135,16 +117,15 @@ fn opt(a: &StringArray, i: usize) -> Option<&str> {
 }
 
 impl Recorded {
-    /// Reads every file of `lease_alerts`. A file that cannot be read is
+    /// Reads every file of `lease_alerts`' newest version. A file that cannot be read is
     /// logged and passed over: its alerts are then recorded and sent again,
     /// which a receiver takes as a repeat, rather than not at all.
     pub async fn load(lake: &Lake) -> Result<Recorded> {
         let mut out = Recorded::default();
-        for (rel, _, _) in lake.store().list(ALERTS_DIR).await? {
-            if !rel.ends_with(".parquet") {
-                continue;
-            }
-            match leaseline_lake::parquet_io::read_file(lake.store(), &rel).await {
+        let m = lake.latest().await?;
+        for f in m.files_of(Table::LeaseAlerts) {
+            let rel = &f.path;
+            match leaseline_lake::parquet_io::read_file(lake.store(), rel).await {
                 Ok(batches) => {
                     for b in &batches {
                         out.add_batch(b)?;

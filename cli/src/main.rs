@@ -497,6 +497,16 @@ enum Command {
         #[arg(long, env = "LEASELINE_COMPACTION_RETENTION", value_parser = humantime::parse_duration)]
         retention: Option<Duration>,
     },
+    /// Convert a lake of the format before Delta tables (`_manifest/`) into
+    /// Delta tables, in place, with the same rows (see docs/upgrading.md).
+    Migrate {
+        #[command(flatten)]
+        lake: LakeArgs,
+        /// The consumer group whose Kafka positions the old offsets become
+        /// (default: `kafka.group_id`).
+        #[arg(long, env = "LEASELINE_KAFKA_GROUP_ID")]
+        group_id: Option<String>,
+    },
 }
 
 impl FlushArgs {
@@ -795,6 +805,18 @@ async fn run(
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Migrate { lake, group_id } => {
+            let location = lake.location(&cfg).to_string();
+            let group = group_id.unwrap_or_else(|| cfg.kafka.group_id.clone());
+            let r = leaseline_lake::migrate(&location, &group)
+                .await
+                .with_context(|| format!("migrating lake {location}"))?;
+            println!(
+                "migrated {location} from version {} of the old format: {} events, {} rejects, {} alerts in {} files; {} old files deleted",
+                r.from_version, r.events, r.rejects, r.alerts, r.files_written, r.files_deleted
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -921,12 +943,12 @@ async fn run_import(
     );
     let m = lake.latest().await?;
     println!(
-        "lake {}: {} events and {} rejects in {} files (version {})",
+        "lake {}: {} events and {} rejects in {} files (lease_events version {})",
         lake.store().url(),
         m.rows_of(Table::LeaseEvents),
         m.rows_of(Table::LeaseRejects),
-        m.files.len(),
-        m.version
+        m.files_of(Table::LeaseEvents).count() + m.files_of(Table::LeaseRejects).count(),
+        m.tables.get(&Table::LeaseEvents).copied().unwrap_or_default()
     );
     // The import has dropped the fan-out: the engine has every event.
     let mut engine = engine.await.context("the alert replay task failed")?;

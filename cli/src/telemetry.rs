@@ -97,7 +97,16 @@ pub fn init(log_filter: &str, cfg: &TelemetryConfig) -> anyhow::Result<Telemetry
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
-    let filter = tracing_subscriber::EnvFilter::new(log_filter);
+    // The Delta kernel logs every snapshot it builds at info: that is
+    // leaseline's detail, not the operator's, unless asked for by name.
+    let mut filter = tracing_subscriber::EnvFilter::new(log_filter);
+    for quiet in ["buoyant_kernel", "buoyant_kernel_engine", "deltalake_core"] {
+        if !log_filter.contains(quiet) {
+            if let Ok(d) = format!("{quiet}=warn").parse() {
+                filter = filter.add_directive(d);
+            }
+        }
+    }
     let from_env = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
         .ok()
         .filter(|s| !s.is_empty());

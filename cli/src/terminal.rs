@@ -88,13 +88,16 @@ pub fn hint(e: &anyhow::Error) -> Option<String> {
     None
 }
 
-/// Lakes (directories with committed manifests) in `dir`, its children and
+/// Lakes (directories whose `lease_events` has a Delta log, or lakes in
+/// the format before Delta, to be migrated) in `dir`, its children and
 /// grandchildren: where `./data/demo` or `./data/lake` would be.
 pub fn lakes_near(dir: &Path) -> Vec<PathBuf> {
     fn is_lake(d: &Path) -> bool {
-        std::fs::read_dir(d.join("_manifest"))
-            .map(|mut it| it.any(|e| e.is_ok()))
-            .unwrap_or(false)
+        ["lease_events/_delta_log", "_manifest"].iter().any(|log| {
+            std::fs::read_dir(d.join(log))
+                .map(|mut it| it.any(|e| e.is_ok()))
+                .unwrap_or(false)
+        })
     }
     fn children(d: &Path) -> Vec<PathBuf> {
         let mut v: Vec<PathBuf> = std::fs::read_dir(d)
@@ -142,18 +145,19 @@ mod tests {
     fn lakes_are_found_two_levels_down_and_sorted() {
         let dir = tempfile::tempdir().unwrap();
         for d in [
-            "data/demo/_manifest",
+            "data/demo/lease_events/_delta_log",
             "data/lake/_manifest",
-            "empty/_manifest",
+            "empty/lease_events/_delta_log",
             "other",
         ] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap();
         }
-        for d in ["data/demo", "data/lake"] {
+        for log in [
+            "data/demo/lease_events/_delta_log",
+            "data/lake/_manifest",
+        ] {
             std::fs::write(
-                dir.path()
-                    .join(d)
-                    .join("_manifest/00000000000000000001.json"),
+                dir.path().join(log).join("00000000000000000000.json"),
                 "{}",
             )
             .unwrap();

@@ -46,6 +46,8 @@ struct IngestContext {
     handle: Handle,
     resume: ResumePoints,
     metrics: Option<Arc<IngestMetrics>>,
+    /// The consumer group: its positions are the lake's `txn` versions.
+    group: String,
 }
 
 impl IngestContext {
@@ -151,16 +153,17 @@ impl ConsumerContext for IngestContext {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let mut w = self.writer();
-                // Another ingester may have committed these partitions'
-                // rows since we last looked: learn its offsets and ids.
-                if let Err(e) = self.handle.block_on(w.refresh()) {
-                    error!(error = %e, "could not reload the lake on assignment");
-                }
                 let parts: Vec<(String, i32)> = tpl
                     .elements()
                     .iter()
                     .map(|e| (e.topic().to_string(), e.partition()))
                     .collect();
+                w.lake().track_partitions(&self.group, parts.iter().cloned());
+                // Another ingester may have committed these partitions'
+                // rows since we last looked: learn its offsets and ids.
+                if let Err(e) = self.handle.block_on(w.refresh()) {
+                    error!(error = %e, "could not reload the lake on assignment");
+                }
                 for (topic, p) in &parts {
                     if let Some(next) = w.manifest().next_offset(topic, *p) {
                         self.resume.set(topic, *p, next);
@@ -348,6 +351,8 @@ pub async fn run(
     stop: CancellationToken,
     hooks: IngestHooks,
 ) -> Result<WriterStats> {
+    // The group's positions are the lake's `txn`s of its partitions.
+    lake.track_partitions(&cfg.group_id, []);
     let mut opened = LakeWriter::open(lake).await?;
     if let Some(p) = hooks.pending {
         opened.publish_to(p);
@@ -359,6 +364,7 @@ pub async fn run(
         handle: Handle::current(),
         resume: ResumePoints::default(),
         metrics: hooks.metrics,
+        group: cfg.group_id.clone(),
     };
     let consumer: BaseConsumer<IngestContext> = client_config(cfg)?
         .create_with_context(ctx)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::Int32Type;
+use arrow::datatypes::{Int32Type, Int64Type};
 use leaseline_lake::{
     line_key, parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError, Manifest,
     PendingRows, PendingSnapshot, Table,
@@ -53,7 +53,9 @@ pub struct FlushReport {
 /// Buffers messages and commits them atomically to the lake.
 pub struct LakeWriter {
     lake: Lake,
-    manifest: Manifest,
+    /// Shared with the pending rows' readers, who read exactly this
+    /// snapshot plus the rows.
+    manifest: Arc<Manifest>,
     /// Files whose ids are in `seen`.
     known_files: HashSet<String>,
     seen: EventIdSet,
@@ -103,7 +105,7 @@ impl LakeWriter {
         );
         Ok(LakeWriter {
             lake,
-            manifest,
+            manifest: Arc::new(manifest),
             known_files,
             seen,
             reject_lines,
@@ -151,7 +153,7 @@ impl LakeWriter {
             self.published_rejects.push(self.rejects.finish());
         }
         pending.publish(PendingSnapshot {
-            base_version: Some(self.manifest.version),
+            base: Some(self.manifest.clone()),
             events: self.published_events.clone(),
             rejects: self.published_rejects.clone(),
         });
@@ -164,7 +166,7 @@ impl LakeWriter {
         self.published_rejects.clear();
         if let Some(pending) = &self.pending {
             pending.publish(PendingSnapshot {
-                base_version: Some(self.manifest.version),
+                base: Some(self.manifest.clone()),
                 ..PendingSnapshot::default()
             });
         }
@@ -334,14 +336,15 @@ impl LakeWriter {
     /// writers added (for example after being assigned partitions another
     /// ingester had).
     pub async fn refresh(&mut self) -> Result<()> {
-        let fresh = self.load_unknown().await?;
+        let (fresh, _) = self.load_unknown().await?;
         self.seen.merge(&fresh);
         Ok(())
     }
 
     /// Reloads the newest manifest; returns the ids of the files in it we
-    /// did not know, without adding them to `seen`.
-    async fn load_unknown(&mut self) -> Result<EventIdSet> {
+    /// did not know, without adding them to `seen`, and the line keys of
+    /// the rejects in them that came from files.
+    async fn load_unknown(&mut self) -> Result<(EventIdSet, HashSet<u128>)> {
         let latest = self.lake.latest().await?;
         let unknown: Vec<&DataFile> = latest
             .files
@@ -350,16 +353,16 @@ impl LakeWriter {
             .collect();
         let mut fresh = EventIdSet::new();
         self.lake.load_event_ids(&unknown, &mut fresh).await?;
-        self.lake
-            .load_reject_lines(&unknown, &mut self.reject_lines)
-            .await?;
+        let mut lines = HashSet::new();
+        self.lake.load_reject_lines(&unknown, &mut lines).await?;
+        self.reject_lines.extend(lines.iter().copied());
         for f in &unknown {
             self.known_files.insert(f.path.clone());
         }
         // Ids of files that compaction replaced stay in `seen`: their rows
         // live on in the merged file.
-        self.manifest = latest;
-        Ok(fresh)
+        self.manifest = Arc::new(latest);
+        Ok((fresh, lines))
     }
 
     /// Writes everything buffered and commits it, with the Kafka ranges it
@@ -418,6 +421,7 @@ impl LakeWriter {
                 std::mem::take(&mut self.published_rejects),
                 self.rejects.finish(),
             ),
+            Table::LeaseAlerts => return Ok(RecordBatch::new_empty(parquet_io::schema_of(table))),
         };
         if published.is_empty() {
             return Ok(rest);
@@ -439,11 +443,15 @@ impl LakeWriter {
         self.first_buffered = None;
 
         loop {
+            // Rejects a writer before us committed just before it died
+            // (lease_rejects commits first) are in the lake already.
+            rejects = drop_committed_rejects(&rejects, &self.manifest)?;
             let mut files = self.lake.write(Table::LeaseEvents, &events).await?;
             files.extend(self.lake.write(Table::LeaseRejects, &rejects).await?);
             let change = Change::Append {
                 files: files.clone(),
                 kafka: ranges.clone(),
+                reject_kafka: reject_ranges(&rejects, &ranges),
             };
             match self.lake.commit(&self.manifest, &change).await {
                 Ok(m) => {
@@ -456,7 +464,7 @@ impl LakeWriter {
                     report.rejects = rejects.num_rows() as u64;
                     report.version = m.version;
                     report.files = files;
-                    self.manifest = m;
+                    self.manifest = Arc::new(m);
                     debug!(
                         version = report.version,
                         events = report.events,
@@ -467,8 +475,10 @@ impl LakeWriter {
                 }
                 Err(LakeError::Conflict { reason, .. }) => {
                     debug!(%reason, "commit conflict; rebasing");
-                    self.lake.discard(&files).await;
-                    let fresh = self.load_unknown().await?;
+                    let (fresh, fresh_lines) = self.load_unknown().await?;
+                    if !fresh_lines.is_empty() {
+                        rejects = drop_lines(&rejects, &fresh_lines)?;
+                    }
                     let lost: Vec<KafkaRange> = ranges
                         .iter()
                         .filter(|r| {
@@ -523,10 +533,8 @@ impl LakeWriter {
                         return Ok(report);
                     }
                 }
-                Err(e) => {
-                    self.lake.discard(&files).await;
-                    return Err(e.into());
-                }
+                // The lake deleted the files it did not commit.
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -584,6 +592,94 @@ fn drop_partitions(batch: &RecordBatch, lost: &[KafkaRange]) -> Result<(RecordBa
         }
     }
     Ok((parquet_io::filter_rows(batch, &keep)?, dropped))
+}
+
+/// The `lease_rejects` range of each partition with Kafka rejects in the
+/// batch: from its first reject to the end of what the flush covers.
+fn reject_ranges(rejects: &RecordBatch, ranges: &[KafkaRange]) -> Vec<KafkaRange> {
+    let topic = rejects
+        .column_by_name("kafka_topic")
+        .expect("origin")
+        .as_string::<i32>();
+    let part = rejects
+        .column_by_name("kafka_partition")
+        .expect("origin")
+        .as_primitive::<Int32Type>();
+    let offset = rejects
+        .column_by_name("kafka_offset")
+        .expect("origin")
+        .as_primitive::<Int64Type>();
+    let mut out: Vec<KafkaRange> = Vec::new();
+    for i in 0..rejects.num_rows() {
+        if topic.is_null(i) || offset.is_null(i) {
+            continue;
+        }
+        let (t, p, o) = (topic.value(i), part.value(i), offset.value(i));
+        match out.iter_mut().find(|r| r.partition == p && r.topic == t) {
+            Some(r) => r.start = r.start.min(o),
+            None => {
+                let end = ranges
+                    .iter()
+                    .find(|r| r.partition == p && r.topic == t)
+                    .map_or(o + 1, |r| r.end);
+                out.push(KafkaRange {
+                    topic: t.to_string(),
+                    partition: p,
+                    start: o,
+                    end,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Removes the Kafka rejects `lease_rejects` already covers.
+fn drop_committed_rejects(rejects: &RecordBatch, m: &Manifest) -> Result<RecordBatch> {
+    if rejects.num_rows() == 0 || m.reject_kafka.is_empty() {
+        return Ok(rejects.clone());
+    }
+    let topic = rejects
+        .column_by_name("kafka_topic")
+        .expect("origin")
+        .as_string::<i32>();
+    let part = rejects
+        .column_by_name("kafka_partition")
+        .expect("origin")
+        .as_primitive::<Int32Type>();
+    let offset = rejects
+        .column_by_name("kafka_offset")
+        .expect("origin")
+        .as_primitive::<Int64Type>();
+    let keep: Vec<bool> = (0..rejects.num_rows())
+        .map(|i| {
+            topic.is_null(i)
+                || offset.is_null(i)
+                || m.next_reject_offset(topic.value(i), part.value(i))
+                    .is_none_or(|next| offset.value(i) >= next)
+        })
+        .collect();
+    Ok(parquet_io::filter_rows(rejects, &keep)?)
+}
+
+/// Removes the file rejects whose line keys are in `lines`.
+fn drop_lines(rejects: &RecordBatch, lines: &HashSet<u128>) -> Result<RecordBatch> {
+    let path = rejects
+        .column_by_name("file_path")
+        .expect("origin")
+        .as_string::<i32>();
+    let line = rejects
+        .column_by_name("file_line")
+        .expect("origin")
+        .as_primitive::<Int64Type>();
+    let keep: Vec<bool> = (0..rejects.num_rows())
+        .map(|i| {
+            path.is_null(i)
+                || line.is_null(i)
+                || !lines.contains(&line_key(path.value(i), line.value(i) as u64))
+        })
+        .collect();
+    Ok(parquet_io::filter_rows(rejects, &keep)?)
 }
 
 fn drop_ids(batch: &RecordBatch, ids: &EventIdSet) -> Result<RecordBatch> {

@@ -1,23 +1,21 @@
-//! The lake handle: manifests, commits, compaction and vacuum.
+//! The lake handle: snapshots, commits, compaction and vacuum, on the
+//! tables' Delta logs (see [`crate::delta`] and [`crate::manifest`]).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::{AsArray, RecordBatch};
 use chrono::Utc;
+use deltalake::DeltaTable;
 use tracing::{debug, info, warn};
 
 use crate::dedup::EventIdSet;
+use crate::delta;
 use crate::error::{LakeError, Result};
-use crate::manifest::{
-    manifest_path, parse_manifest_version, Change, DataFile, Manifest, Table, MANIFEST_DIR,
-};
+use crate::manifest::{Change, DataFile, Manifest, Table};
 use crate::parquet_io;
 use crate::store::LakeStore;
-
-/// How many manifest versions to keep on storage. Readers only ever load
-/// the newest; older ones are history for debugging.
-const KEEP_MANIFESTS: usize = 50;
 
 /// Compaction settings.
 #[derive(Debug, Clone)]
@@ -46,33 +44,78 @@ pub struct CompactionReport {
     pub rows: u64,
 }
 
-/// A lake: its store and the protocol to change it.
-#[derive(Debug, Clone)]
-pub struct Lake {
-    store: LakeStore,
+/// One table's handle and the file list of the version it last loaded
+/// (a snapshot at an unchanged version costs no log read or listing).
+struct Loaded {
+    table: DeltaTable,
+    files: Option<(u64, Arc<Vec<DataFile>>)>,
 }
 
+/// Whose Kafka positions [`Lake::latest`] reads: the consumer group and the
+/// partitions it has been assigned.
+#[derive(Debug, Default)]
+struct KafkaScope {
+    group: String,
+    partitions: BTreeSet<(String, i32)>,
+}
+
+struct Inner {
+    tables: tokio::sync::Mutex<BTreeMap<Table, Loaded>>,
+    scope: Mutex<KafkaScope>,
+    /// Writers create missing tables; readers never do.
+    writable: bool,
+}
+
+/// A lake: its store and the protocol to change it.
+#[derive(Clone)]
+pub struct Lake {
+    store: LakeStore,
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Lake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lake").field("store", &self.store).finish()
+    }
+}
+
+/// The directory of the lake format before Delta tables.
+const LEGACY_MANIFEST_DIR: &str = "_manifest";
+
 impl Lake {
-    pub fn open(location: &str) -> Result<Self> {
-        Ok(Lake {
-            store: LakeStore::open(location)?,
-        })
+    fn with_store(store: LakeStore, writable: bool) -> Self {
+        Lake {
+            store,
+            inner: Arc::new(Inner {
+                tables: tokio::sync::Mutex::new(BTreeMap::new()),
+                scope: Mutex::new(KafkaScope::default()),
+                writable,
+            }),
+        }
     }
 
-    /// Opens a lake that must already exist: at least one committed
-    /// manifest. Only writers create lakes; a reader that created one would
+    /// Opens (creating if needed) a lake to write to.
+    pub fn open(location: &str) -> Result<Self> {
+        Ok(Self::with_store(LakeStore::open(location)?, true))
+    }
+
+    /// Opens a lake that must already exist: at least its `lease_events`
+    /// table. Only writers create lakes; a reader that created one would
     /// answer a mistyped path with an empty, clean-looking history.
     pub async fn open_existing(location: &str) -> Result<Self> {
-        let lake = Lake {
-            store: LakeStore::open_existing(location)?,
-        };
-        // A lake that only `check` wrote alerts to has no manifest yet.
-        if lake.manifest_versions().await?.is_empty()
-            && lake.store.list("lease_alerts").await?.is_empty()
-        {
+        let lake = Self::with_store(LakeStore::open_existing(location)?, false);
+        let m = lake.latest().await?;
+        if m.tables.is_empty() {
+            let legacy = !lake.store.list(LEGACY_MANIFEST_DIR).await?.is_empty();
             return Err(LakeError::NotFound {
                 location: location.to_string(),
-                reason: format!("nothing has been committed there (no {MANIFEST_DIR}/ manifests)"),
+                reason: if legacy {
+                    "it holds a lake in the format before Delta tables (_manifest/); \
+                     convert it with `leaseline migrate`"
+                        .to_string()
+                } else {
+                    "nothing has been committed there (no Delta tables)".to_string()
+                },
             });
         }
         Ok(lake)
@@ -82,20 +125,77 @@ impl Lake {
         &self.store
     }
 
-    /// The newest manifest, or [`Manifest::empty`] for a new lake.
+    /// True when the location holds a lake in the format before Delta
+    /// tables.
+    pub async fn is_legacy(&self) -> Result<bool> {
+        Ok(!self.store.list(LEGACY_MANIFEST_DIR).await?.is_empty())
+    }
+
+    /// From now on, snapshots carry the Kafka positions of these
+    /// partitions for `group` ([`Manifest::kafka`]). A consumer calls it
+    /// when it is assigned partitions, before reading where to resume.
+    pub fn track_partitions(&self, group: &str, partitions: impl IntoIterator<Item = (String, i32)>) {
+        let mut s = self.inner.scope.lock().unwrap_or_else(|p| p.into_inner());
+        if s.group != group {
+            s.group = group.to_string();
+            s.partitions.clear();
+        }
+        s.partitions.extend(partitions);
+    }
+
+    fn scope(&self) -> (String, Vec<(String, i32)>) {
+        let s = self.inner.scope.lock().unwrap_or_else(|p| p.into_inner());
+        (s.group.clone(), s.partitions.iter().cloned().collect())
+    }
+
+    /// The newest snapshot, or [`Manifest::empty`] for a new lake.
     pub async fn latest(&self) -> Result<Manifest> {
-        let mut versions = self.manifest_versions().await?;
-        // The newest may have been pruned between list and get by another
-        // writer; older ones are fine to fall back on only if so.
-        while let Some(v) = versions.pop() {
-            let rel = manifest_path(v);
-            match self.store.get(&rel).await {
-                Ok(bytes) => return Manifest::from_json(&rel, &bytes),
-                Err(LakeError::Store(object_store::Error::NotFound { .. })) => continue,
-                Err(e) => return Err(e),
+        let (group, partitions) = self.scope();
+        let mut tables = self.inner.tables.lock().await;
+        let mut m = Manifest::empty();
+        for table in Table::ALL {
+            if !tables.contains_key(&table) {
+                let handle = delta::handle(&self.store, table)?;
+                tables.insert(table, Loaded { table: handle, files: None });
+            }
+            let loaded = tables.get_mut(&table).expect("inserted above");
+            let t = &mut loaded.table;
+            if !delta::load(t, &self.store, table).await? {
+                if !self.inner.writable {
+                    continue;
+                }
+                delta::create(t, &self.store, table).await?;
+            }
+            let version = t.version().unwrap_or(0);
+            let files = match &loaded.files {
+                Some((v, files)) if *v == version => files.clone(),
+                _ => {
+                    delta::check_schema_version(t, table)?;
+                    let files = Arc::new(delta::files(t, table)?);
+                    loaded.files = Some((version, files.clone()));
+                    files
+                }
+            };
+            if let Some(at) = delta::committed_at(&loaded.table) {
+                m.committed_at = m.committed_at.max(at);
+            }
+            m.tables.insert(table, version);
+            m.version += version as u64 + 1;
+            m.files.extend(files.iter().cloned());
+            if !partitions.is_empty() {
+                match table {
+                    Table::LeaseEvents => {
+                        m.kafka = delta::txn_versions(&loaded.table, &group, &partitions).await?
+                    }
+                    Table::LeaseRejects => {
+                        m.reject_kafka =
+                            delta::txn_versions(&loaded.table, &group, &partitions).await?
+                    }
+                    Table::LeaseAlerts => {}
+                }
             }
         }
-        Ok(Manifest::empty())
+        Ok(m)
     }
 
     /// The newest manifest and the files it names that storage no longer
@@ -137,58 +237,101 @@ impl Lake {
         Ok(missing)
     }
 
-    /// One version's manifest, or `None` if it was pruned.
-    pub async fn manifest_at(&self, version: u64) -> Result<Option<Manifest>> {
-        if version == 0 {
-            return Ok(Some(Manifest::empty()));
-        }
-        let rel = manifest_path(version);
-        match self.store.get(&rel).await {
-            Ok(bytes) => Ok(Some(Manifest::from_json(&rel, &bytes)?)),
-            Err(LakeError::Store(object_store::Error::NotFound { .. })) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn manifest_versions(&self) -> Result<Vec<u64>> {
-        let mut v: Vec<u64> = self
-            .store
-            .list(MANIFEST_DIR)
-            .await?
-            .into_iter()
-            .filter_map(|(p, _, _)| parse_manifest_version(p.rsplit('/').next()?))
-            .collect();
-        v.sort_unstable();
-        Ok(v)
-    }
-
-    /// Commits `change` on top of `base`. Fails with [`LakeError::Conflict`]
-    /// if another writer committed first, or if the change no longer fits
-    /// the base; the caller reloads and decides again.
+    /// Commits `change` on top of `base`, one Delta commit per table it
+    /// touches ([`Change::per_table`] order). Fails with
+    /// [`LakeError::Conflict`] if another writer committed first, or if the
+    /// change no longer fits the base; the caller reloads and decides
+    /// again. Files of tables whose commit did not happen are deleted;
+    /// those of tables committed before a later table's conflict stay
+    /// committed (the reloaded snapshot shows them).
     pub async fn commit(&self, base: &Manifest, change: &Change) -> Result<Manifest> {
-        let next = change.apply(base, Utc::now())?;
-        let rel = manifest_path(next.version);
-        if !self.store.put_new(&rel, next.to_json()).await? {
-            return Err(LakeError::Conflict {
-                version: base.version,
-                reason: format!("version {} was committed by another writer", next.version),
-            });
+        match self.commit_tables(base, change).await {
+            Ok(next) => Ok(next),
+            Err((committed, e)) => {
+                self.discard_added(change, committed).await;
+                Err(e)
+            }
         }
-        debug!(version = next.version, op = %next.operation, "committed manifest");
-        if next.version.is_multiple_of(10) {
-            self.prune_manifests().await;
+    }
+
+    /// Commits table by table; on failure, says how many tables committed.
+    async fn commit_tables(
+        &self,
+        base: &Manifest,
+        change: &Change,
+    ) -> std::result::Result<Manifest, (usize, LakeError)> {
+        let next = change.apply(base, Utc::now()).map_err(|e| (0, e))?;
+        let per_table = change.per_table(base);
+        // Snapshots from now on carry the positions of what we commit.
+        if let Change::Append { kafka, .. } = change {
+            if !kafka.is_empty() {
+                let group = self.scope().0;
+                self.track_partitions(&group, kafka.iter().map(|r| (r.topic.clone(), r.partition)));
+            }
         }
+        let (group, _) = self.scope();
+        let mut tables = self.inner.tables.lock().await;
+        for (i, (table, tc)) in per_table.iter().enumerate() {
+            let result = match (base.tables.get(table), tables.get_mut(table)) {
+                (Some(expected), Some(loaded)) => {
+                    let known = match table {
+                        Table::LeaseEvents => Some(&base.kafka),
+                        Table::LeaseRejects => Some(&base.reject_kafka),
+                        Table::LeaseAlerts => None,
+                    };
+                    delta::commit(&mut loaded.table, *table, *expected, &group, tc, known).await
+                }
+                _ => Err(LakeError::Conflict {
+                    version: base.version,
+                    reason: format!("{table} did not exist when the change was decided"),
+                }),
+            };
+            let version = result.map_err(|e| (i, e))?;
+            // The object store renames the commit into place without an
+            // fsync; the offsets it records count only once it would
+            // survive a power cut.
+            if self.store.is_local() {
+                let rel = format!("{table}/_delta_log/{version:020}.json");
+                self.store.sync(&rel).map_err(|e| (i + 1, e))?;
+            }
+        }
+        debug!(version = next.version, tables = per_table.len(), "committed");
         Ok(next)
     }
 
-    async fn prune_manifests(&self) {
-        let Ok(versions) = self.manifest_versions().await else {
-            return;
-        };
-        if versions.len() > KEEP_MANIFESTS {
-            for v in &versions[..versions.len() - KEEP_MANIFESTS] {
-                if let Err(e) = self.store.delete(&manifest_path(*v)).await {
-                    warn!(version = v, error = %e, "could not prune old manifest");
+    /// Deletes the files `change` adds to its tables from the `from`-th on
+    /// (in commit order): they were never committed.
+    async fn discard_added(&self, change: &Change, from: usize) {
+        let files: Vec<DataFile> = change
+            .per_table(&Manifest::empty())
+            .into_iter()
+            .skip(from)
+            .flat_map(|(_, tc)| tc.add)
+            .collect();
+        self.discard(&files).await;
+    }
+
+    /// Appends rows to a table with no Kafka position (alerts, for one):
+    /// written, then committed on the newest version, again on a conflict.
+    pub async fn append(&self, table: Table, batch: &RecordBatch) -> Result<Vec<DataFile>> {
+        let files = self.write(table, batch).await?;
+        if files.is_empty() {
+            return Ok(files);
+        }
+        let mut tries = 0;
+        loop {
+            let base = self.latest().await?;
+            let change = Change::Append {
+                files: files.clone(),
+                kafka: Vec::new(),
+                reject_kafka: Vec::new(),
+            };
+            match self.commit_tables(&base, &change).await.map_err(|(_, e)| e) {
+                Ok(_) => return Ok(files),
+                Err(LakeError::Conflict { .. }) if tries < 100 => tries += 1,
+                Err(e) => {
+                    self.discard(&files).await;
+                    return Err(e);
                 }
             }
         }
@@ -299,7 +442,7 @@ impl Lake {
                 // Ingest keeps appending meanwhile: retry on top of its
                 // commits; give up only if our inputs went away.
                 let committed = loop {
-                    match self.commit(&base, &change).await {
+                    match self.commit_tables(&base, &change).await.map_err(|(_, e)| e) {
                         Ok(m) => break Some(m),
                         Err(LakeError::Conflict { .. }) => {
                             base = self.latest().await?;
@@ -335,45 +478,30 @@ impl Lake {
         Ok(report)
     }
 
-    /// Deletes files removed by compaction more than `retention` ago, and
-    /// data files older than `retention` that no manifest names (left by a
-    /// writer that crashed between writing and committing).
+    /// Deletes, in every table, the files compaction removed more than
+    /// `retention` ago and the data files no version names that are older
+    /// than that (left by a writer that died between writing and
+    /// committing): Delta's vacuum, in full mode. A reader that started
+    /// before a compaction reads the replaced files for at most
+    /// `retention`.
     pub async fn vacuum(&self, retention: Duration) -> Result<usize> {
-        let cutoff = Utc::now() - chrono::Duration::from_std(retention).unwrap_or_default();
-        let mut base = self.latest().await?;
-        let purged: Vec<String> = base
-            .removed
-            .iter()
-            .filter(|r| r.removed_at < cutoff)
-            .map(|r| r.path.clone())
-            .collect();
-        for p in &purged {
-            self.store.delete(p).await?;
-        }
-        let mut deleted = purged.len();
-        if !purged.is_empty() {
-            let change = Change::Vacuum { purged };
-            loop {
-                match self.commit(&base, &change).await {
-                    Ok(_) => break,
-                    Err(LakeError::Conflict { .. }) => base = self.latest().await?,
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        let known: HashSet<&str> = base
-            .files
-            .iter()
-            .map(|f| f.path.as_str())
-            .chain(base.removed.iter().map(|r| r.path.as_str()))
-            .collect();
+        let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
+        let mut deleted = 0;
         for table in Table::ALL {
-            for (path, _, modified) in self.store.list(table.name()).await? {
-                if modified < cutoff && !known.contains(path.as_str()) {
-                    self.store.delete(&path).await?;
-                    deleted += 1;
-                }
+            let mut t = delta::handle(&self.store, table)?;
+            if !delta::load(&mut t, &self.store, table).await? {
+                continue;
             }
+            let (_, metrics) = t
+                .vacuum()
+                .with_retention_period(retention)
+                .with_enforce_retention_duration(false)
+                .with_mode(deltalake::operations::vacuum::VacuumMode::Full)
+                .await?;
+            deleted += metrics.files_deleted.len();
+        }
+        if deleted > 0 {
+            info!(deleted, "vacuumed");
         }
         Ok(deleted)
     }

@@ -1,5 +1,5 @@
-//! The leaseline lake: lease events and rejects as Parquet files under one
-//! root (a directory or an `object_store` URL), tied together by a manifest.
+//! The leaseline lake: lease events, rejects and alerts as Delta tables
+//! under one root (a directory or an `object_store` URL).
 //!
 //! What enters: Arrow batches of `lease_events` and `lease_rejects`
 //! (schemas from `leaseline-schema`) and [`Change`]s to commit.
@@ -11,18 +11,22 @@
 //! [`DataFile`], [`EventIdSet`] (de-duplication by `event_id`),
 //! [`PendingRows`] (rows a writer buffers, for readers in its process).
 //!
-//! Layout (see `docs/lake.md` for why it is our own manifest):
+//! Layout (see `docs/lake.md`):
 //!
 //! ```text
-//! <root>/_manifest/00000000000000000042.json   one snapshot per commit
+//! <root>/lease_events/_delta_log/00000000000000000042.json
 //! <root>/lease_events/date=2026-09-14/<uuid>.parquet
+//! <root>/lease_rejects/_delta_log/...
 //! <root>/lease_rejects/date=2026-11-29/<uuid>.parquet
+//! <root>/lease_alerts/_delta_log/...
 //! ```
 
 mod dedup;
+pub mod delta;
 mod error;
 mod lake;
 mod manifest;
+mod migrate;
 pub mod parquet_io;
 mod pending;
 mod store;
@@ -30,6 +34,7 @@ mod store;
 pub use crate::dedup::{line_key, EventIdSet};
 pub use crate::error::{LakeError, Result};
 pub use crate::lake::{CompactionPolicy, CompactionReport, Lake};
-pub use crate::manifest::{Change, DataFile, KafkaRange, Manifest, RemovedFile, Table};
+pub use crate::manifest::{Change, DataFile, KafkaRange, Manifest, Offsets, Table, TableChange};
+pub use crate::migrate::{migrate, MigrationReport};
 pub use crate::pending::{PendingRows, PendingSnapshot};
 pub use crate::store::LakeStore;

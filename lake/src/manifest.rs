@@ -1,12 +1,26 @@
-//! The manifest: the one record of which data files make up the lake and
-//! how far each Kafka partition has been consumed.
+//! The manifest: leaseline's view of the lake at one moment, which data
+//! files make up each table and how far each Kafka partition has been
+//! consumed, built from the tables' Delta logs (see [`crate::delta`]).
 //!
-//! Each commit writes a complete snapshot as `_manifest/<version>.json` with
-//! a create-only put. Object stores make that atomic and exclusive, so two
-//! writers can never both create version N+1: the loser gets a conflict,
-//! reloads and tries again. Data files are written before the manifest that
-//! names them, so a reader who loads a manifest sees every file of a commit
-//! or none of them.
+//! Each table (`lease_events`, `lease_rejects`, `lease_alerts`) is its own
+//! Delta table, so a commit changes one table at a time. A [`Change`] is
+//! checked against the manifest it was decided on by [`Change::apply`], a
+//! pure function, and then committed table by table, each on exactly the
+//! Delta version the manifest holds: a writer that raced another gets a
+//! conflict, reloads and decides again.
+//!
+//! Exactly once from Kafka rests on Delta's `txn` actions, one per
+//! topic-partition, whose version is the next offset to consume:
+//!
+//! - An append commits `lease_rejects` first, then `lease_events`; each
+//!   commit carries the `txn` of the partitions whose rows it adds, in the
+//!   same commit as the rows.
+//! - Consumption resumes at `lease_events`' versions ([`Manifest::kafka`]).
+//!   A writer that died between the two commits left `lease_rejects` ahead
+//!   ([`Manifest::reject_kafka`]); the messages in between are read again
+//!   and only their events are kept, since their rejects are committed.
+//! - A range that starts below what a table's `txn` already covers is
+//!   refused: a zombie writer can never add rows twice.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,15 +36,17 @@ use crate::error::{LakeError, Result};
 pub enum Table {
     LeaseEvents,
     LeaseRejects,
+    LeaseAlerts,
 }
 
 impl Table {
-    pub const ALL: [Table; 2] = [Table::LeaseEvents, Table::LeaseRejects];
+    pub const ALL: [Table; 3] = [Table::LeaseEvents, Table::LeaseRejects, Table::LeaseAlerts];
 
     pub fn name(self) -> &'static str {
         match self {
             Table::LeaseEvents => "lease_events",
             Table::LeaseRejects => "lease_rejects",
+            Table::LeaseAlerts => "lease_alerts",
         }
     }
 }
@@ -51,7 +67,8 @@ pub struct DataFile {
     pub rows: u64,
     pub bytes: u64,
     /// Smallest and largest partitioning timestamp in the file
-    /// (event `ts` for events, `ingested_at` for rejects), microseconds.
+    /// (event `ts` for events, `ingested_at` for rejects, `recorded_at` for
+    /// alerts), microseconds.
     pub min_ts_us: i64,
     pub max_ts_us: i64,
     /// How many compactions the rows went through (0 = written by ingest).
@@ -59,27 +76,48 @@ pub struct DataFile {
     pub level: u32,
 }
 
-/// A file no longer in the lake, kept on storage until readers that may
-/// still be scanning it are done.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RemovedFile {
-    pub path: String,
-    pub removed_at: DateTime<Utc>,
+impl DataFile {
+    /// The file's path inside its table's directory, as the Delta log
+    /// names it (`date=2026-09-14/0193...parquet`).
+    pub fn table_path(&self) -> &str {
+        self.path
+            .strip_prefix(self.table.name())
+            .map(|p| p.trim_start_matches('/'))
+            .unwrap_or(&self.path)
+    }
+
+    /// The `date` partition value (`2026-09-14`) of the file.
+    pub fn date(&self) -> Option<&str> {
+        self.table_path()
+            .split('/')
+            .next()?
+            .strip_prefix("date=")
+    }
 }
 
+/// Topic → partition → next offset to consume.
+pub type Offsets = BTreeMap<String, BTreeMap<i32, i64>>;
+
 /// A snapshot of the lake.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
+    /// Grows with every commit to any table: the sum over the tables of
+    /// their Delta version + 1 (0 before any table exists). Only for
+    /// ordering snapshots; a table is read at its own [`Manifest::tables`]
+    /// version.
     pub version: u64,
+    /// The Delta version of each table that exists.
+    pub tables: BTreeMap<Table, u64>,
     pub schema_version: u32,
     pub committed_at: DateTime<Utc>,
-    /// What produced this version (`append`, `compact`, `vacuum`).
-    pub operation: String,
     pub files: Vec<DataFile>,
-    /// Topic → partition → next offset to consume. The lake, not the
-    /// consumer group, decides where ingestion resumes.
-    pub kafka: BTreeMap<String, BTreeMap<i32, i64>>,
-    pub removed: Vec<RemovedFile>,
+    /// `lease_events`' `txn` versions for the partitions asked about (see
+    /// [`crate::Lake::track_partitions`]): where ingestion resumes. The
+    /// lake, not the consumer group, decides that.
+    pub kafka: Offsets,
+    /// `lease_rejects`' `txn` versions: rejects of offsets below them are
+    /// already committed.
+    pub reject_kafka: Offsets,
 }
 
 impl Manifest {
@@ -87,12 +125,12 @@ impl Manifest {
     pub fn empty() -> Self {
         Manifest {
             version: 0,
+            tables: BTreeMap::new(),
             schema_version: leaseline_schema::SCHEMA_VERSION,
             committed_at: DateTime::<Utc>::UNIX_EPOCH,
-            operation: "create".into(),
             files: Vec::new(),
             kafka: BTreeMap::new(),
-            removed: Vec::new(),
+            reject_kafka: BTreeMap::new(),
         }
     }
 
@@ -104,26 +142,23 @@ impl Manifest {
         self.files_of(table).map(|f| f.rows).sum()
     }
 
+    /// Where consumption of a partition resumes: the next offset
+    /// `lease_events` has not covered.
     pub fn next_offset(&self, topic: &str, partition: i32) -> Option<i64> {
         self.kafka.get(topic)?.get(&partition).copied()
     }
 
-    pub(crate) fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec_pretty(self).expect("a manifest always serializes")
+    /// The next offset whose reject `lease_rejects` has not covered.
+    pub fn next_reject_offset(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.reject_kafka.get(topic)?.get(&partition).copied()
     }
 
-    pub(crate) fn from_json(path: &str, bytes: &[u8]) -> Result<Self> {
-        let m: Manifest = serde_json::from_slice(bytes).map_err(|source| LakeError::Manifest {
-            path: path.to_string(),
-            source,
-        })?;
-        if m.schema_version > leaseline_schema::SCHEMA_VERSION {
-            return Err(LakeError::SchemaVersion {
-                found: m.schema_version,
-                supported: leaseline_schema::SCHEMA_VERSION,
-            });
+    fn offsets_of(&self, table: Table) -> Option<&Offsets> {
+        match table {
+            Table::LeaseEvents => Some(&self.kafka),
+            Table::LeaseRejects => Some(&self.reject_kafka),
+            Table::LeaseAlerts => None,
         }
-        Ok(m)
     }
 }
 
@@ -140,100 +175,138 @@ pub struct KafkaRange {
 /// What a commit changes.
 #[derive(Debug, Clone)]
 pub enum Change {
-    /// New files from ingest, and the Kafka ranges they cover.
+    /// New files, and the Kafka ranges they cover: `kafka` for
+    /// `lease_events` (every message of the range), `reject_kafka` for
+    /// `lease_rejects` (from the range's first reject on).
     Append {
         files: Vec<DataFile>,
         kafka: Vec<KafkaRange>,
+        reject_kafka: Vec<KafkaRange>,
     },
-    /// Files merged into larger ones; the rows stay the same.
+    /// Files of one table merged into larger ones; the rows stay the same.
     Compact {
         remove: Vec<String>,
         add: Vec<DataFile>,
     },
-    /// Removed files deleted from storage for good.
-    Vacuum { purged: Vec<String> },
+}
+
+/// What one table's commit of a change holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TableChange {
+    pub add: Vec<DataFile>,
+    pub remove: Vec<DataFile>,
+    pub txns: Vec<KafkaRange>,
 }
 
 impl Change {
-    fn operation(&self) -> &'static str {
+    /// The tables this change commits to, in the order they must be
+    /// committed (`lease_events` last: it decides where consumption
+    /// resumes), each with what its commit holds.
+    pub fn per_table(&self, base: &Manifest) -> Vec<(Table, TableChange)> {
+        let mut out: BTreeMap<Table, TableChange> = BTreeMap::new();
         match self {
-            Change::Append { .. } => "append",
-            Change::Compact { .. } => "compact",
-            Change::Vacuum { .. } => "vacuum",
+            Change::Append {
+                files,
+                kafka,
+                reject_kafka,
+            } => {
+                for f in files {
+                    out.entry(f.table).or_default().add.push(f.clone());
+                }
+                if !kafka.is_empty() {
+                    out.entry(Table::LeaseEvents).or_default().txns = kafka.clone();
+                }
+                if !reject_kafka.is_empty() {
+                    out.entry(Table::LeaseRejects).or_default().txns = reject_kafka.clone();
+                }
+            }
+            Change::Compact { remove, add } => {
+                for f in base.files.iter().filter(|f| remove.contains(&f.path)) {
+                    out.entry(f.table).or_default().remove.push(f.clone());
+                }
+                for f in add {
+                    out.entry(f.table).or_default().add.push(f.clone());
+                }
+            }
         }
+        let order = |t: &Table| match t {
+            Table::LeaseRejects => 0,
+            Table::LeaseAlerts => 1,
+            Table::LeaseEvents => 2,
+        };
+        let mut v: Vec<_> = out.into_iter().collect();
+        v.sort_by_key(|(t, _)| order(t));
+        v
     }
 
     /// Checks that this change still makes sense on `base`, and builds the
-    /// next version from it.
+    /// next manifest from it: every table it touches one Delta version on.
     pub fn apply(&self, base: &Manifest, now: DateTime<Utc>) -> Result<Manifest> {
-        let mut next = base.clone();
-        next.version = base.version + 1;
-        next.schema_version = leaseline_schema::SCHEMA_VERSION;
-        next.committed_at = now;
-        next.operation = self.operation().to_string();
         let conflict = |reason: String| LakeError::Conflict {
             version: base.version,
             reason,
         };
-        match self {
-            Change::Append { files, kafka } => {
-                for r in kafka {
-                    if let Some(done) = base.next_offset(&r.topic, r.partition) {
-                        if done > r.start {
+        let mut next = base.clone();
+        next.schema_version = leaseline_schema::SCHEMA_VERSION;
+        next.committed_at = now;
+        let per_table = self.per_table(base);
+        if let Change::Compact { remove, add } = self {
+            for p in remove {
+                if !base.files.iter().any(|f| &f.path == p) {
+                    return Err(conflict(format!("{p} is no longer in the lake")));
+                }
+            }
+            if per_table.len() > 1 {
+                return Err(conflict("a compaction spans more than one table".into()));
+            }
+            next.files.retain(|f| !remove.contains(&f.path));
+            next.files.extend(add.iter().cloned());
+        }
+        for (table, change) in &per_table {
+            if let Some(done) = base.offsets_of(*table) {
+                for r in &change.txns {
+                    if let Some(done) = done.get(&r.topic).and_then(|p| p.get(&r.partition)) {
+                        if *done > r.start {
                             return Err(conflict(format!(
-                                "{}/{} offsets {}..{} overlap what the lake already holds (up to {})",
-                                r.topic, r.partition, r.start, r.end, done
+                                "{}/{} offsets {}..{} overlap what {table} already holds (up to {done})",
+                                r.topic, r.partition, r.start, r.end
                             )));
                         }
                     }
                 }
-                for r in kafka {
-                    next.kafka
+            }
+            if let Change::Append { .. } = self {
+                next.files.extend(change.add.iter().cloned());
+            }
+            let offsets = match table {
+                Table::LeaseEvents => Some(&mut next.kafka),
+                Table::LeaseRejects => Some(&mut next.reject_kafka),
+                Table::LeaseAlerts => None,
+            };
+            if let Some(offsets) = offsets {
+                for r in &change.txns {
+                    offsets
                         .entry(r.topic.clone())
                         .or_default()
                         .insert(r.partition, r.end);
                 }
-                next.files.extend(files.iter().cloned());
             }
-            Change::Compact { remove, add } => {
-                for p in remove {
-                    if !base.files.iter().any(|f| &f.path == p) {
-                        return Err(conflict(format!("{p} is no longer in the lake")));
-                    }
-                }
-                next.files.retain(|f| !remove.contains(&f.path));
-                next.files.extend(add.iter().cloned());
-                next.removed.extend(remove.iter().map(|p| RemovedFile {
-                    path: p.clone(),
-                    removed_at: now,
-                }));
-            }
-            Change::Vacuum { purged } => {
-                next.removed.retain(|r| !purged.contains(&r.path));
-            }
+            // A table not yet created fails the commit; the count is moot.
+            *next.tables.entry(*table).or_insert(0) += 1;
+            next.version += 1;
         }
         Ok(next)
     }
-}
-
-pub(crate) const MANIFEST_DIR: &str = "_manifest";
-
-pub(crate) fn manifest_path(version: u64) -> String {
-    format!("{MANIFEST_DIR}/{version:020}.json")
-}
-
-pub(crate) fn parse_manifest_version(name: &str) -> Option<u64> {
-    name.strip_suffix(".json")?.parse().ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn file(path: &str) -> DataFile {
+    fn file(table: Table, path: &str) -> DataFile {
         DataFile {
-            table: Table::LeaseEvents,
-            path: path.into(),
+            table,
+            path: format!("{table}/date=2026-09-14/{path}"),
             rows: 1,
             bytes: 1,
             min_ts_us: 0,
@@ -242,20 +315,36 @@ mod tests {
         }
     }
 
+    fn range(start: i64, end: i64) -> KafkaRange {
+        KafkaRange {
+            topic: "t".into(),
+            partition: 0,
+            start,
+            end,
+        }
+    }
+
+    fn lake() -> Manifest {
+        let mut m = Manifest::empty();
+        for t in Table::ALL {
+            m.tables.insert(t, 0);
+            m.version += 1;
+        }
+        m
+    }
+
     #[test]
     fn append_advances_offsets_and_refuses_overlap() {
-        let m0 = Manifest::empty();
+        let m0 = lake();
         let a = Change::Append {
-            files: vec![file("a")],
-            kafka: vec![KafkaRange {
-                topic: "t".into(),
-                partition: 0,
-                start: 0,
-                end: 10,
-            }],
+            files: vec![file(Table::LeaseEvents, "a")],
+            kafka: vec![range(0, 10)],
+            reject_kafka: vec![],
         };
         let m1 = a.apply(&m0, Utc::now()).unwrap();
-        assert_eq!(m1.version, 1);
+        assert_eq!(m1.version, m0.version + 1);
+        assert_eq!(m1.tables[&Table::LeaseEvents], 1);
+        assert_eq!(m1.tables[&Table::LeaseRejects], 0);
         assert_eq!(m1.next_offset("t", 0), Some(10));
         // Replaying the same range on top of itself is a conflict: a zombie
         // writer that lost its partitions can never add the rows twice.
@@ -264,13 +353,9 @@ mod tests {
             Err(LakeError::Conflict { .. })
         ));
         let b = Change::Append {
-            files: vec![file("b")],
-            kafka: vec![KafkaRange {
-                topic: "t".into(),
-                partition: 0,
-                start: 12,
-                end: 20,
-            }],
+            files: vec![file(Table::LeaseEvents, "b")],
+            kafka: vec![range(12, 20)],
+            reject_kafka: vec![],
         };
         let m2 = b.apply(&m1, Utc::now()).unwrap();
         assert_eq!(m2.next_offset("t", 0), Some(20));
@@ -278,34 +363,74 @@ mod tests {
     }
 
     #[test]
-    fn compact_requires_its_inputs() {
-        let mut m = Manifest::empty();
-        m.files = vec![file("a"), file("b")];
+    fn rejects_commit_first_and_carry_their_own_offsets() {
+        let m0 = lake();
+        let a = Change::Append {
+            files: vec![
+                file(Table::LeaseEvents, "e"),
+                file(Table::LeaseRejects, "r"),
+            ],
+            kafka: vec![range(0, 10)],
+            reject_kafka: vec![range(4, 10)],
+        };
+        let order: Vec<Table> = a.per_table(&m0).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(order, vec![Table::LeaseRejects, Table::LeaseEvents]);
+        let m1 = a.apply(&m0, Utc::now()).unwrap();
+        assert_eq!(m1.version, m0.version + 2);
+        assert_eq!(m1.next_reject_offset("t", 0), Some(10));
+        // A writer that died after the rejects' commit left lease_rejects
+        // ahead. Reading the range again, its rejects must start at 10.
+        let mut crashed = m0.clone();
+        crashed.reject_kafka = m1.reject_kafka.clone();
+        crashed.tables.insert(Table::LeaseRejects, 1);
+        let again = Change::Append {
+            files: vec![file(Table::LeaseEvents, "e2")],
+            kafka: vec![range(0, 12)],
+            reject_kafka: vec![range(4, 12)],
+        };
+        assert!(matches!(
+            again.apply(&crashed, Utc::now()),
+            Err(LakeError::Conflict { .. })
+        ));
+        let filtered = Change::Append {
+            files: vec![file(Table::LeaseEvents, "e2")],
+            kafka: vec![range(0, 12)],
+            reject_kafka: vec![range(11, 12)],
+        };
+        let m = filtered.apply(&crashed, Utc::now()).unwrap();
+        assert_eq!(m.next_offset("t", 0), Some(12));
+        assert_eq!(m.next_reject_offset("t", 0), Some(12));
+    }
+
+    #[test]
+    fn compact_requires_its_inputs_and_one_table() {
+        let mut m = lake();
+        m.files = vec![file(Table::LeaseEvents, "a"), file(Table::LeaseEvents, "b")];
         let c = Change::Compact {
-            remove: vec!["a".into(), "b".into()],
-            add: vec![file("c")],
+            remove: vec![m.files[0].path.clone(), m.files[1].path.clone()],
+            add: vec![file(Table::LeaseEvents, "c")],
         };
         let m1 = c.apply(&m, Utc::now()).unwrap();
-        assert_eq!(m1.files, vec![file("c")]);
-        assert_eq!(m1.removed.len(), 2);
+        assert_eq!(m1.files, vec![file(Table::LeaseEvents, "c")]);
+        assert_eq!(m1.tables[&Table::LeaseEvents], 1);
         assert!(matches!(
             c.apply(&m1, Utc::now()),
             Err(LakeError::Conflict { .. })
         ));
-        let v = Change::Vacuum {
-            purged: vec!["a".into()],
+        let mixed = Change::Compact {
+            remove: vec![m1.files[0].path.clone()],
+            add: vec![file(Table::LeaseRejects, "d")],
         };
-        let m2 = v.apply(&m1, Utc::now()).unwrap();
-        assert_eq!(m2.removed.len(), 1);
+        assert!(matches!(
+            mixed.apply(&m1, Utc::now()),
+            Err(LakeError::Conflict { .. })
+        ));
     }
 
     #[test]
-    fn version_paths_sort_and_parse() {
-        assert_eq!(manifest_path(42), "_manifest/00000000000000000042.json");
-        assert_eq!(
-            parse_manifest_version("00000000000000000042.json"),
-            Some(42)
-        );
-        assert_eq!(parse_manifest_version("x.tmp"), None);
+    fn paths_inside_a_table() {
+        let f = file(Table::LeaseRejects, "x.parquet");
+        assert_eq!(f.table_path(), "date=2026-09-14/x.parquet");
+        assert_eq!(f.date(), Some("2026-09-14"));
     }
 }

@@ -3,9 +3,11 @@
 
 use arrow::array::{AsArray, RecordBatch, UInt32Array};
 use arrow::compute::{concat_batches, lexsort_to_indices, take_record_batch, SortColumn};
-use arrow::datatypes::TimestampMicrosecondType;
+use arrow::datatypes::{DataType, TimestampMicrosecondType};
 use bytes::Bytes;
-use leaseline_schema::{EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
+use leaseline_schema::{
+    ALERTS_SCHEMA, EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY,
+};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
@@ -18,23 +20,92 @@ use crate::store::LakeStore;
 
 const MICROS_PER_DAY: i64 = 86_400_000_000;
 
-/// The column a table is partitioned by day on.
-fn time_column(table: Table) -> &'static str {
-    match table {
-        Table::LeaseEvents => "ts",
-        Table::LeaseRejects => "ingested_at",
-    }
-}
+use crate::delta::{storage_schema, time_column, U64_STORAGE};
 
 pub fn schema_of(table: Table) -> arrow::datatypes::SchemaRef {
     match table {
         Table::LeaseEvents => EVENTS_SCHEMA.clone(),
         Table::LeaseRejects => REJECTS_SCHEMA.clone(),
+        Table::LeaseAlerts => ALERTS_SCHEMA.clone(),
     }
 }
 
-fn writer_properties() -> WriterProperties {
-    WriterProperties::builder()
+/// A batch as the tables store it (see [`crate::delta`]): unsigned 64-bit
+/// columns as `decimal(20,0)`, which holds all of them exactly.
+pub fn to_storage(batch: &RecordBatch) -> Result<RecordBatch> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| f.data_type() == &DataType::UInt64)
+    {
+        return Ok(batch.clone());
+    }
+    let schema = storage_schema(&batch.schema());
+    let cols = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                arrow::compute::cast(c, f.data_type())
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(schema, cols)?)
+}
+
+/// A stored batch back in the tables' Arrow types: `decimal(20,0)` columns
+/// as `UInt64`.
+pub fn from_storage(batch: RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| f.data_type() == &U64_STORAGE)
+    {
+        return Ok(batch);
+    }
+    let fields: Vec<arrow::datatypes::Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| {
+            let t = if f.data_type() == &U64_STORAGE {
+                DataType::UInt64
+            } else {
+                f.data_type().clone()
+            };
+            arrow::datatypes::Field::new(f.name(), t, f.is_nullable())
+        })
+        .collect();
+    let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(fields));
+    let cols = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                arrow::compute::cast(c, f.data_type())
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(schema, cols)
+}
+
+fn writer_properties(table: Table) -> WriterProperties {
+    let builder = match table {
+        // Lookups of one event (is this id in the lake?) skip row groups
+        // that cannot hold it.
+        Table::LeaseEvents => WriterProperties::builder()
+            .set_column_bloom_filter_enabled("event_id".into(), true),
+        _ => WriterProperties::builder(),
+    };
+    builder
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(3).expect("valid level"),
         ))
@@ -68,6 +139,7 @@ pub fn sort_for_table(table: Table, batch: &RecordBatch) -> Result<RecordBatch> 
             "kafka_offset",
             "file_line",
         ],
+        Table::LeaseAlerts => &["recorded_at", "alertname", "lease_id"],
     };
     let cols: Vec<SortColumn> = names
         .iter()
@@ -109,11 +181,12 @@ fn day_dir(day: i64) -> String {
     format!("date={date}")
 }
 
-/// Encodes one sorted batch as a Parquet file in memory.
-pub fn encode(batch: &RecordBatch) -> Result<Vec<u8>> {
+/// Encodes one sorted batch of `table` as a Parquet file in memory.
+pub fn encode(table: Table, batch: &RecordBatch) -> Result<Vec<u8>> {
+    let batch = to_storage(batch)?;
     let mut buf = Vec::with_capacity(batch.get_array_memory_size() / 4 + 1024);
-    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(writer_properties()))?;
-    w.write(batch)?;
+    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(writer_properties(table)))?;
+    w.write(&batch)?;
     w.close()?;
     Ok(buf)
 }
@@ -143,7 +216,7 @@ pub async fn write_table(
     let mut out = Vec::new();
     for (day, part) in split_by_day(table, batch)? {
         let part = sort_for_table(table, &part)?;
-        let bytes = encode(&part)?;
+        let bytes = encode(table, &part)?;
         let path = format!(
             "{}/{}/{}.parquet",
             table.name(),
@@ -172,7 +245,9 @@ pub async fn read_file(store: &LakeStore, rel: &str) -> Result<Vec<RecordBatch>>
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?
         .with_batch_size(64 * 1024)
         .build()?;
-    Ok(reader.collect::<Result<Vec<_>, _>>()?)
+    Ok(reader
+        .map(|b| b.and_then(from_storage))
+        .collect::<Result<Vec<_>, _>>()?)
 }
 
 /// Reads the named columns of a file.
@@ -188,13 +263,17 @@ pub async fn read_columns(
 /// The batches of `columns` in one file's bytes, decoded as they are
 /// pulled (CPU work: pull them off the async runtime). Lets a caller work
 /// on one batch while the next is decoded.
-pub fn column_reader(bytes: Bytes, columns: &[&str]) -> Result<ParquetRecordBatchReader> {
+pub fn column_reader(
+    bytes: Bytes,
+    columns: &[&str],
+) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
     let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
     let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
-    Ok(builder
+    let reader: ParquetRecordBatchReader = builder
         .with_projection(mask)
         .with_batch_size(64 * 1024)
-        .build()?)
+        .build()?;
+    Ok(reader.map(|b| b.and_then(from_storage)))
 }
 
 /// Concatenates batches of one table into one (empty if none).

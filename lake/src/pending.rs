@@ -11,14 +11,14 @@ use std::sync::{Arc, RwLock};
 
 use arrow::array::RecordBatch;
 
-use crate::manifest::Table;
+use crate::manifest::{Manifest, Table};
 
 /// What a reader sees besides the lake.
 #[derive(Debug, Clone, Default)]
 pub struct PendingSnapshot {
-    /// The manifest version the rows are not yet part of; `None` before a
-    /// writer published anything.
-    pub base_version: Option<u64>,
+    /// The snapshot the rows are not yet part of; `None` before a writer
+    /// published anything.
+    pub base: Option<Arc<Manifest>>,
     pub events: Vec<RecordBatch>,
     pub rejects: Vec<RecordBatch>,
 }
@@ -28,6 +28,7 @@ impl PendingSnapshot {
         match table {
             Table::LeaseEvents => &self.events,
             Table::LeaseRejects => &self.rejects,
+            Table::LeaseAlerts => &[],
         }
     }
 

@@ -101,9 +101,32 @@ impl LakeStore {
         })
     }
 
+    /// Where the Delta table in directory `name` lives, as `deltalake`
+    /// wants it: a store whose root is the store's own root (the file
+    /// system's, for a local lake) and the table's URL.
+    pub fn delta_location(&self, name: &str) -> Result<(Arc<dyn ObjectStore>, Url)> {
+        let location = self
+            .url
+            .join(&format!("{name}/"))
+            .map_err(|e| LakeError::Location {
+                location: self.url.to_string(),
+                reason: e.to_string(),
+            })?;
+        let root: Arc<dyn ObjectStore> = match &self.local_root {
+            Some(_) => Arc::new(LocalFileSystem::new()),
+            None => self.store.clone(),
+        };
+        Ok((root, location))
+    }
+
     /// The lake root as a URL ending in `/`.
     pub fn url(&self) -> &Url {
         &self.url
+    }
+
+    /// The lake's directory, when it is local.
+    pub fn local_root(&self) -> Option<&std::path::Path> {
+        self.local_root.as_deref()
     }
 
     /// True when the lake is a local directory.
@@ -168,7 +191,7 @@ impl LakeStore {
     /// LocalFileSystem renames a staged file into place but does not fsync;
     /// an offset may only count as consumed once its file survives a power
     /// cut, so flush the file and its directory here.
-    fn sync(&self, rel: &str) -> Result<()> {
+    pub(crate) fn sync(&self, rel: &str) -> Result<()> {
         if let Some(root) = &self.local_root {
             let path = root.join(rel);
             std::fs::File::open(&path)?.sync_all()?;

@@ -20,10 +20,6 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use datafusion::catalog::TableProvider;
-use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::{
-    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
-};
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
@@ -186,7 +182,6 @@ fn describe(e: &DataFusionError) -> String {
 pub fn table_names() -> Vec<&'static str> {
     let mut names: Vec<&'static str> = Table::ALL.iter().map(|t| t.name()).collect();
     names.extend(AuditView::ALL.iter().map(|v| v.name()));
-    names.push(ALERTS_TABLE);
     names
 }
 
@@ -302,10 +297,8 @@ impl QueryEngine {
         if let Some(p) = &self.pending {
             let snap = p.snapshot();
             if !snap.is_empty() {
-                if let Some(v) = snap.base_version {
-                    if let Some(m) = self.lake.manifest_at(v).await? {
-                        return Ok((m, Some(snap)));
-                    }
+                if let Some(m) = &snap.base {
+                    return Ok((Manifest::clone(m), Some(snap)));
                 }
             }
         }
@@ -375,7 +368,6 @@ impl QueryEngine {
         for table in Table::ALL {
             ctx.register_table(table.name(), self.provider_with(manifest, table, pending)?)?;
         }
-        ctx.register_table(ALERTS_TABLE, self.alerts_provider()?)?;
         let source = self.audit_source(manifest.clone(), pending);
         for view in AuditView::ALL {
             ctx.register_table(
@@ -404,7 +396,6 @@ impl QueryEngine {
                 }),
             )?;
         }
-        ctx.register_table(ALERTS_TABLE, self.alerts_provider()?)?;
         for view in AuditView::ALL {
             ctx.register_table(
                 view.name(),
@@ -473,22 +464,6 @@ impl QueryEngine {
             lake,
             pending: Arc::new(mem),
         }))
-    }
-
-    /// `lease_alerts`: every Parquet file the alert engine wrote under
-    /// `lease_alerts/`, listed when a query scans it (the history is
-    /// append-only, outside the manifest).
-    fn alerts_provider(&self) -> Result<Arc<dyn TableProvider>> {
-        let url = self
-            .lake
-            .store()
-            .url()
-            .join(&format!("{ALERTS_TABLE}/"))
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        parquet_listing(
-            vec![ListingTableUrl::parse(url.as_str())?],
-            leaseline_schema::ALERTS_SCHEMA.clone(),
-        )
     }
 
     fn table_provider(&self, m: &Manifest, table: Table) -> Result<Arc<dyn TableProvider>> {
@@ -721,19 +696,6 @@ impl TableProvider for LiveTable {
         };
         provider.scan(state, projection, filters, limit).await
     }
-}
-
-/// Parquet files (or folders of them, listed at each scan) as one table.
-fn parquet_listing(
-    urls: Vec<ListingTableUrl>,
-    schema: arrow::datatypes::SchemaRef,
-) -> Result<Arc<dyn TableProvider>> {
-    let options =
-        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
-    let config = ListingTableConfig::new_with_multi_paths(urls)
-        .with_listing_options(options)
-        .with_schema(schema);
-    Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
 /// A lake table with rows not yet flushed to it: a union of the two scans.

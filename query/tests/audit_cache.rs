@@ -28,6 +28,7 @@ async fn append(lake: &Lake, lines: &[&str]) {
         &Change::Append {
             files,
             kafka: vec![],
+            reject_kafka: vec![],
         },
     )
     .await

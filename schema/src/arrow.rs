@@ -15,9 +15,10 @@ use arrow::datatypes::{
 use crate::decode::DecodeError;
 use crate::event::{LeaseEvent, Origin};
 
-/// Bumped whenever a table's columns change; stored in each Parquet file's
+/// Bumped whenever a table's stored columns change (2: Delta tables,
+/// unsigned tokens as `decimal(20,0)`); stored in each Parquet file's
 /// key-value metadata under [`SCHEMA_VERSION_KEY`].
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 pub const SCHEMA_VERSION_KEY: &str = "leaseline.schema_version";
 
 fn ts_type() -> DataType {

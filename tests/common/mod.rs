@@ -390,6 +390,33 @@ pub fn sql(lake: &Path, query: &str, format: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Reads `table` of the lake (a directory or an `s3://` URL, with `env`
+/// for the engines' credentials) with the Python `deltalake` package,
+/// polars, DuckDB's delta extension and `leaseline sql`
+/// (`scripts/lake_readers.py`), asserts that all four see the same rows,
+/// and returns how many.
+pub fn readers_agree(lake: &str, table: &str, env: &[(&str, &str)]) -> u64 {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/lake_readers.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["--leaseline", env!("CARGO_BIN_EXE_leaseline")])
+        .args([lake, table])
+        .envs(env.iter().copied())
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "another engine could not read {table} (scripts/test.sh installs deltalake, polars, duckdb-ext-delta):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let theirs = &v["leaseline"];
+    for reader in ["deltalake", "polars", "duckdb"] {
+        assert_eq!(&v[reader], theirs, "{reader} and leaseline disagree on {table}: {v}");
+    }
+    theirs["rows"].as_u64().unwrap()
+}
+
 /// `SELECT count(*)` of a table, as a number.
 pub fn count(lake: &Path, table: &str) -> usize {
     let out = sql(lake, &format!("SELECT count(*) AS n FROM {table}"), "csv");

@@ -1,0 +1,218 @@
+//! The lake's tables on their Delta logs: what a commit writes, what a
+//! stale writer gets, compaction, checkpoints and vacuum.
+
+use std::time::Duration;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::UInt64Type;
+use leaseline_lake::{Change, KafkaRange, Lake, LakeError, Table};
+use leaseline_schema::{decode, EventBatchBuilder, Origin};
+
+fn events(ids: std::ops::Range<u64>, token: u64) -> RecordBatch {
+    let mut b = EventBatchBuilder::new();
+    for i in ids {
+        let line = format!(
+            r#"{{"ts":"2026-09-14T10:00:{:02}Z","kind":"renewed","source":"holder","lease_id":"l/{}","holder_id":"h","fencing_token":{token},"event_id":"e-{i}"}}"#,
+            i % 60,
+            i % 7
+        );
+        let ev = decode(line.as_bytes()).unwrap();
+        let origin = Origin::Kafka {
+            topic: "t",
+            partition: 0,
+            offset: i as i64,
+        };
+        b.append(&ev, &origin, 0);
+    }
+    b.finish()
+}
+
+fn range(start: i64, end: i64) -> KafkaRange {
+    KafkaRange {
+        topic: "t".into(),
+        partition: 0,
+        start,
+        end,
+    }
+}
+
+fn log(dir: &std::path::Path, table: &str, version: u64) -> String {
+    std::fs::read_to_string(
+        dir.join(table)
+            .join("_delta_log")
+            .join(format!("{version:020}.json")),
+    )
+    .unwrap()
+}
+
+async fn append(lake: &Lake, ids: std::ops::Range<u64>) -> leaseline_lake::Result<()> {
+    let base = lake.latest().await?;
+    let files = lake.write(Table::LeaseEvents, &events(ids.clone(), 1)).await?;
+    let change = Change::Append {
+        files,
+        kafka: vec![range(ids.start as i64, ids.end as i64)],
+        reject_kafka: vec![],
+    };
+    lake.commit(&base, &change).await.map(|_| ())
+}
+
+#[tokio::test]
+async fn an_append_is_one_delta_commit_with_its_rows_and_txn() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    lake.track_partitions("g", [("t".to_string(), 0)]);
+    append(&lake, 0..10).await.unwrap();
+
+    let commit = log(dir.path(), "lease_events", 1);
+    let actions: Vec<serde_json::Value> = commit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let txn = actions.iter().find_map(|a| a.get("txn")).expect("a txn action");
+    assert_eq!(txn["appId"], "leaseline:g:t:0");
+    assert_eq!(txn["version"], 10);
+    let add = actions.iter().find_map(|a| a.get("add")).expect("an add action");
+    assert_eq!(add["partitionValues"]["date"], "2026-09-14");
+    assert!(add["path"].as_str().unwrap().starts_with("date=2026-09-14/"));
+    let stats: serde_json::Value = serde_json::from_str(add["stats"].as_str().unwrap()).unwrap();
+    assert_eq!(stats["numRecords"], 10);
+
+    // Another process, opening the lake afresh, sees the same.
+    let other = Lake::open_existing(dir.path().to_str().unwrap()).await.unwrap();
+    other.track_partitions("g", [("t".to_string(), 0)]);
+    let m = other.latest().await.unwrap();
+    assert_eq!(m.rows_of(Table::LeaseEvents), 10);
+    assert_eq!(m.next_offset("t", 0), Some(10));
+    assert_eq!(m.tables[&Table::LeaseEvents], 1);
+    // Another consumer group has no position in this lake.
+    let third = Lake::open_existing(dir.path().to_str().unwrap()).await.unwrap();
+    third.track_partitions("other", [("t".to_string(), 0)]);
+    assert_eq!(third.latest().await.unwrap().next_offset("t", 0), None);
+}
+
+#[tokio::test]
+async fn a_stale_writer_conflicts_and_leaves_no_file_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let stale = lake.latest().await.unwrap();
+    append(&lake, 0..10).await.unwrap();
+
+    let files = lake.write(Table::LeaseEvents, &events(10..20, 1)).await.unwrap();
+    let path = dir.path().join(&files[0].path);
+    assert!(path.exists());
+    let change = Change::Append {
+        files,
+        kafka: vec![range(10, 20)],
+        reject_kafka: vec![],
+    };
+    let err = lake.commit(&stale, &change).await.unwrap_err();
+    assert!(matches!(err, LakeError::Conflict { .. }), "{err}");
+    assert!(!path.exists(), "an uncommitted file is deleted");
+
+    // A zombie that read the same offsets again is refused on the fresh
+    // snapshot too, even by a handle that never asked about the partition.
+    let zombie = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let err = append(&zombie, 5..12).await.unwrap_err();
+    assert!(matches!(err, LakeError::Conflict { .. }), "{err}");
+    assert_eq!(lake.latest().await.unwrap().rows_of(Table::LeaseEvents), 10);
+}
+
+#[tokio::test]
+async fn tokens_keep_all_64_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let base = lake.latest().await.unwrap();
+    let files = lake
+        .write(Table::LeaseEvents, &events(0..3, u64::MAX))
+        .await
+        .unwrap();
+    lake.commit(
+        &base,
+        &Change::Append {
+            files,
+            kafka: vec![],
+            reject_kafka: vec![],
+        },
+    )
+    .await
+    .unwrap();
+    let m = lake.latest().await.unwrap();
+    let rows = lake.read_table(&m, Table::LeaseEvents).await.unwrap();
+    let tokens = rows
+        .column_by_name("fencing_token")
+        .unwrap()
+        .as_primitive::<UInt64Type>();
+    assert!(tokens.iter().all(|t| t == Some(u64::MAX)));
+}
+
+#[tokio::test]
+async fn compaction_replaces_files_in_one_commit_and_vacuum_deletes_them_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    for i in 0..4 {
+        append(&lake, i * 10..i * 10 + 10).await.unwrap();
+    }
+    let before = lake.latest().await.unwrap();
+    let old: Vec<_> = before.files_of(Table::LeaseEvents).cloned().collect();
+    assert_eq!(old.len(), 4);
+    let report = lake
+        .compact(&leaseline_lake::CompactionPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!((report.merged_files, report.written_files, report.rows), (4, 1, 40));
+    let after = lake.latest().await.unwrap();
+    assert_eq!(after.rows_of(Table::LeaseEvents), 40);
+    assert_eq!(after.files_of(Table::LeaseEvents).count(), 1);
+    assert_eq!(after.tables[&Table::LeaseEvents], 5);
+    let commit = log(dir.path(), "lease_events", 5);
+    let removes = commit.lines().filter(|l| l.contains(r#""remove""#)).count();
+    assert_eq!(removes, 4);
+    assert!(commit.contains(r#""dataChange":false"#));
+    assert!(commit.contains("OPTIMIZE"));
+
+    // Within the retention the replaced files stay for readers that
+    // started before; past it, vacuum deletes them.
+    assert_eq!(lake.vacuum(Duration::from_secs(3600)).await.unwrap(), 0);
+    assert!(old.iter().all(|f| dir.path().join(&f.path).exists()));
+    assert_eq!(lake.vacuum(Duration::ZERO).await.unwrap(), 4);
+    assert!(old.iter().all(|f| !dir.path().join(&f.path).exists()));
+    let (m, missing) = lake.check_files().await.unwrap();
+    assert!(missing.is_empty());
+    assert_eq!(m.rows_of(Table::LeaseEvents), 40);
+}
+
+#[tokio::test]
+async fn a_checkpoint_every_hundred_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    for i in 0..101 {
+        append(&lake, i..i + 1).await.unwrap();
+    }
+    let log_dir = dir.path().join("lease_events/_delta_log");
+    // The 100th commit (version 99) writes one.
+    assert!(log_dir
+        .join("00000000000000000099.checkpoint.parquet")
+        .exists());
+    assert!(log_dir.join("_last_checkpoint").exists());
+    let other = Lake::open_existing(dir.path().to_str().unwrap()).await.unwrap();
+    other.track_partitions("", [("t".to_string(), 0)]);
+    let m = other.latest().await.unwrap();
+    assert_eq!(m.rows_of(Table::LeaseEvents), 101);
+    assert_eq!(m.next_offset("t", 0), Some(101));
+}
+
+#[tokio::test]
+async fn a_reader_never_creates_a_lake_and_names_the_old_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Lake::open_existing(dir.path().to_str().unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LakeError::NotFound { .. }), "{err}");
+    assert!(!dir.path().join("lease_events").exists());
+    std::fs::create_dir_all(dir.path().join("_manifest")).unwrap();
+    std::fs::write(dir.path().join("_manifest/00000000000000000001.json"), "{}").unwrap();
+    let err = Lake::open_existing(dir.path().to_str().unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("leaseline migrate"), "{err}");
+}
