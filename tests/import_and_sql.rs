@@ -206,3 +206,72 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+/// `tests/fixtures/lake-before-delta` is the sample and an unsafe history
+/// imported by the last release that wrote the format before Delta tables
+/// (commit 8b4f26e): `leaseline import --lake tests/fixtures/lake-before-delta
+/// samples/lease-events.ndjson tests/fixtures/unsafe.ndjson`.
+#[test]
+fn migrate_turns_a_lake_of_the_last_release_into_the_same_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old");
+    copy_dir(
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/lake-before-delta"
+        )),
+        &old,
+    );
+    // Until migrated, it is refused with the command to run.
+    let out = leaseline()
+        .args(["sql", "--lake"])
+        .arg(&old)
+        .arg("SELECT 1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("leaseline migrate"), "{err}");
+
+    let out = run_ok(leaseline().args(["migrate", "--lake"]).arg(&old));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains(": 84 events, 4 rejects,"), "{said}");
+    assert!(!old.join("_manifest").exists());
+
+    // The same history imported by this release.
+    let fresh = dir.path().join("fresh");
+    let unsafe_history = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/unsafe.ndjson"
+    ));
+    import(&fresh, &[sample(), unsafe_history], &[]);
+    let queries = [
+        "SELECT event_id, ts, kind, source, lease_id, holder_id, fencing_token, ttl_ms, backend, latency_ms, reason, max_token, mono_ms, keepalive_sent_mono_ms, deadline_mono_ms, trace_id, span_id, attrs, file_line FROM lease_events ORDER BY file_line",
+        "SELECT file_line, reason, message, arrow_cast(raw, 'Utf8') AS raw FROM lease_rejects ORDER BY file_line",
+        "SELECT * FROM lease_timeline ORDER BY lease_id, fencing_token",
+        "SELECT * FROM lease_violations ORDER BY 1, 2, 3, 4",
+        "SELECT * FROM lease_holders ORDER BY 1, 2",
+        "SELECT alertname, lease_id, holder_id, state, starts_at, ends_at FROM lease_alerts ORDER BY 1, 2, 3, 4, 5",
+    ];
+    for q in queries {
+        let (a, b) = (sql(&old, q, "ndjson"), sql(&fresh, q, "ndjson"));
+        assert!(a.lines().count() > 0, "{q} answered nothing");
+        assert_eq!(a, b, "{q}");
+    }
+    for table in ["lease_events", "lease_rejects", "lease_alerts"] {
+        readers(&old, table);
+    }
+}

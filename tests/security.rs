@@ -199,7 +199,7 @@ fn a_missing_data_file_fails_queries_and_health() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
     let err = text(&out.stderr);
     assert!(
-        err.starts_with("error: the lake is damaged: manifest version 1 names 1 data file that storage does not have: lease_events/"),
+        err.starts_with("error: the lake is damaged: lease_events version 1 names 1 data file that storage does not have: lease_events/"),
         "{err}"
     );
     assert!(

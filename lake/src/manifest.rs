@@ -153,6 +153,18 @@ impl Manifest {
         self.reject_kafka.get(topic)?.get(&partition).copied()
     }
 
+    /// The versions of the tables that name `paths`, as a reader should
+    /// see them named: `lease_events version 4, lease_rejects version 2`.
+    pub fn versions_naming(&self, paths: &[String]) -> String {
+        let mut named: Vec<String> = Vec::new();
+        for t in Table::ALL {
+            if paths.iter().any(|p| p.starts_with(&format!("{t}/"))) {
+                named.push(format!("{t} version {}", self.tables.get(&t).copied().unwrap_or(0)));
+            }
+        }
+        named.join(", ")
+    }
+
     fn offsets_of(&self, table: Table) -> Option<&Offsets> {
         match table {
             Table::LeaseEvents => Some(&self.kafka),

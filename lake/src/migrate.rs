@@ -255,6 +255,13 @@ async fn finish(store: &LakeStore, old: &OldManifest) -> Result<usize> {
     for (p, _, _) in store.list(DONE_DIR).await? {
         store.delete(&p).await?;
     }
+    // A directory holds no object, but would still look like the old
+    // format to a person or a tool.
+    if let Some(root) = store.local_root() {
+        for dir in [OLD_DIR, DONE_DIR] {
+            let _ = std::fs::remove_dir(root.join(dir));
+        }
+    }
     Ok(deleted)
 }
 

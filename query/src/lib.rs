@@ -73,12 +73,12 @@ pub enum QueryError {
     /// Files the manifest names are gone from storage: the query failed
     /// reading them, and any answer without them would be wrong.
     #[error(
-        "the lake is damaged: manifest version {version} names {} data file{} that storage does not have: {}",
+        "the lake is damaged: {version} names {} data file{} that storage does not have: {}",
         missing.len(),
         if missing.len() == 1 { "" } else { "s" },
         missing.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
     )]
-    Damaged { version: u64, missing: Vec<String> },
+    Damaged { version: String, missing: Vec<String> },
     /// Every place for a running query stayed taken for the queue timeout
     /// (HTTP 503, SQLSTATE 53300).
     #[error(
@@ -623,7 +623,7 @@ impl QueryEngine {
         }
         match self.lake.check_files().await {
             Ok((m, missing)) if !missing.is_empty() => QueryError::Damaged {
-                version: m.version,
+                version: m.versions_naming(&missing),
                 missing,
             },
             _ => e,

@@ -108,9 +108,9 @@ async fn health(State(s): State<AppState>) -> Response {
                 "status": "damaged",
                 "lake_version": m.version,
                 "message": format!(
-                    "{} data files named by manifest version {} are missing; queries that read them fail",
+                    "{} data files named by {} are missing; queries that read them fail",
                     missing.len(),
-                    m.version
+                    m.versions_naming(&missing)
                 ),
                 "missing_files": missing.iter().take(20).collect::<Vec<_>>(),
             })),
