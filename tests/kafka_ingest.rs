@@ -73,7 +73,7 @@ fn assert_exact(lake: &Path, topic: &str, data: &Dataset, landed: &[Landed]) {
 fn caught_up(lake: &Path, data: &Dataset) -> bool {
     // Until the first commit there is no lake to read (reading one is an
     // error, not an empty answer).
-    lake.join("_manifest").is_dir()
+    lake.join("lease_events/_delta_log").is_dir()
         && count(lake, "lease_events") >= data.unique.len()
         && count(lake, "lease_rejects") >= data.malformed()
 }

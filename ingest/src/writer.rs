@@ -8,7 +8,7 @@ use std::time::Instant;
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Int32Type, Int64Type};
 use leaseline_lake::{
-    line_key, parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError, Manifest,
+    kafka_key, line_key, parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError, Manifest,
     PendingRows, PendingSnapshot, Table,
 };
 use leaseline_schema::{decode, EventBatchBuilder, Origin, RejectBatchBuilder};
@@ -59,9 +59,9 @@ pub struct LakeWriter {
     /// Files whose ids are in `seen`.
     known_files: HashSet<String>,
     seen: EventIdSet,
-    /// [`line_key`]s of the rejects from imported files in `known_files`
-    /// and in the buffer: a file imported again keeps each reject once.
-    /// (Kafka rejects are kept once by the committed offsets.)
+    /// [`line_key`]s and [`kafka_key`]s of the rejects in `known_files`
+    /// and in the buffer: a file imported again, or a topic read again by
+    /// another consumer group, keeps each reject once.
     reject_lines: HashSet<u128>,
     events: EventBatchBuilder,
     rejects: RejectBatchBuilder,
@@ -268,7 +268,11 @@ impl LakeWriter {
             Err(err) => {
                 let fresh = match origin {
                     Origin::File { path, line } => self.reject_lines.insert(line_key(path, line)),
-                    Origin::Kafka { .. } => true,
+                    Origin::Kafka {
+                        topic,
+                        partition,
+                        offset,
+                    } => self.reject_lines.insert(kafka_key(topic, partition, offset)),
                 };
                 if fresh {
                     self.rejects.append(payload, &err, &origin, now);
@@ -508,7 +512,15 @@ impl LakeWriter {
                         }
                         self.stats.events -= dropped_ids.len() as u64;
                         events = kept;
-                        rejects = drop_partitions(&rejects, &lost)?.0;
+                        let kept = drop_partitions(&rejects, &lost)?.0;
+                        // Nor do their rejects' keys.
+                        let kept_keys: HashSet<u128> = row_keys(&kept).into_iter().flatten().collect();
+                        for key in row_keys(&rejects).into_iter().flatten() {
+                            if !kept_keys.contains(&key) {
+                                self.reject_lines.remove(&key);
+                            }
+                        }
+                        rejects = kept;
                         ranges.retain(|r| !lost.contains(r));
                         report
                             .lost_partitions
@@ -662,22 +674,32 @@ fn drop_committed_rejects(rejects: &RecordBatch, m: &Manifest) -> Result<RecordB
     Ok(parquet_io::filter_rows(rejects, &keep)?)
 }
 
-/// Removes the file rejects whose line keys are in `lines`.
-fn drop_lines(rejects: &RecordBatch, lines: &HashSet<u128>) -> Result<RecordBatch> {
-    let path = rejects
-        .column_by_name("file_path")
-        .expect("origin")
-        .as_string::<i32>();
-    let line = rejects
-        .column_by_name("file_line")
-        .expect("origin")
-        .as_primitive::<Int64Type>();
-    let keep: Vec<bool> = (0..rejects.num_rows())
+/// Each reject's line key (from a file) or Kafka key, if it has either.
+fn row_keys(rejects: &RecordBatch) -> Vec<Option<u128>> {
+    let col = |name: &str| rejects.column_by_name(name).expect("origin");
+    let path = col("file_path").as_string::<i32>();
+    let line = col("file_line").as_primitive::<Int64Type>();
+    let topic = col("kafka_topic").as_string::<i32>();
+    let part = col("kafka_partition").as_primitive::<Int32Type>();
+    let offset = col("kafka_offset").as_primitive::<Int64Type>();
+    (0..rejects.num_rows())
         .map(|i| {
-            path.is_null(i)
-                || line.is_null(i)
-                || !lines.contains(&line_key(path.value(i), line.value(i) as u64))
+            if path.is_valid(i) && line.is_valid(i) {
+                Some(line_key(path.value(i), line.value(i) as u64))
+            } else if topic.is_valid(i) && part.is_valid(i) && offset.is_valid(i) {
+                Some(kafka_key(topic.value(i), part.value(i), offset.value(i)))
+            } else {
+                None
+            }
         })
+        .collect()
+}
+
+/// Removes the rejects whose keys are in `lines`.
+fn drop_lines(rejects: &RecordBatch, lines: &HashSet<u128>) -> Result<RecordBatch> {
+    let keep: Vec<bool> = row_keys(rejects)
+        .into_iter()
+        .map(|k| !k.is_some_and(|k| lines.contains(&k)))
         .collect();
     Ok(parquet_io::filter_rows(rejects, &keep)?)
 }

@@ -48,6 +48,13 @@ pub fn line_key(path: &str, line: u64) -> u128 {
     xxh3_128(&bytes)
 }
 
+/// The identity of a reject read from Kafka, for keeping it once whichever
+/// consumer group reads its message again: topic, partition and offset,
+/// in the space of [`line_key`] under a name no file path can have (NUL).
+pub fn kafka_key(topic: &str, partition: i32, offset: i64) -> u128 {
+    line_key(&format!("\0kafka\0{topic}\0{partition}"), offset as u64)
+}
+
 impl EventIdSet {
     pub fn new() -> Self {
         Self::default()

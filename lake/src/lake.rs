@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::{Array, AsArray, RecordBatch};
 use chrono::Utc;
 use deltalake::DeltaTable;
 use tracing::{debug, info, warn};
@@ -366,22 +366,40 @@ impl Lake {
         Ok(())
     }
 
-    /// Adds the [`line_key`](crate::dedup::line_key) of every reject in
-    /// `files` that came from a file, so that importing the file again
-    /// keeps each of them once.
+    /// Adds the identity of every reject in `files`: its
+    /// [`line_key`](crate::dedup::line_key) if it came from a file, its
+    /// [`kafka_key`](crate::dedup::kafka_key) if from Kafka. Reading the
+    /// same input again then keeps each reject once.
     pub async fn load_reject_lines(
         &self,
         files: &[&DataFile],
         keys: &mut HashSet<u128>,
     ) -> Result<()> {
+        use arrow::datatypes::{Int32Type, Int64Type};
         for f in files.iter().filter(|f| f.table == Table::LeaseRejects) {
-            let columns = ["file_path", "file_line"];
+            let columns = [
+                "file_path",
+                "file_line",
+                "kafka_topic",
+                "kafka_partition",
+                "kafka_offset",
+            ];
             for b in parquet_io::read_columns(&self.store, &f.path, &columns).await? {
-                let paths = b.column(0).as_string::<i32>();
-                let lines = b.column(1).as_primitive::<arrow::datatypes::Int64Type>();
-                for (p, l) in paths.iter().zip(lines.iter()) {
-                    if let (Some(p), Some(l)) = (p, l) {
-                        keys.insert(crate::dedup::line_key(p, l as u64));
+                let col = |name: &str| b.column_by_name(name).expect("projected");
+                let paths = col("file_path").as_string::<i32>();
+                let lines = col("file_line").as_primitive::<Int64Type>();
+                let topics = col("kafka_topic").as_string::<i32>();
+                let parts = col("kafka_partition").as_primitive::<Int32Type>();
+                let offsets = col("kafka_offset").as_primitive::<Int64Type>();
+                for i in 0..b.num_rows() {
+                    if paths.is_valid(i) && lines.is_valid(i) {
+                        keys.insert(crate::dedup::line_key(paths.value(i), lines.value(i) as u64));
+                    } else if topics.is_valid(i) && parts.is_valid(i) && offsets.is_valid(i) {
+                        keys.insert(crate::dedup::kafka_key(
+                            topics.value(i),
+                            parts.value(i),
+                            offsets.value(i),
+                        ));
                     }
                 }
             }
