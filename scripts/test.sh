@@ -105,9 +105,10 @@ if ! command -v tansu >/dev/null 2>&1; then
   cargo install tansu --locked --features dynostore
 fi
 
-# Independent readers of the lake's Delta tables, pinned together: the
-# delta extension is built for one DuckDB release.
-lake_readers=(duckdb==1.4.4 duckdb-ext-delta==1.4.4.20260205 deltalake==1.6.6 polars==2.1.0)
+# Independent readers of the lake's Delta tables, pinned together (the
+# DuckDB extensions are built for one DuckDB release), and moto's S3 server
+# for lakes on object storage.
+lake_readers=(duckdb==1.4.4 duckdb-ext-delta==1.4.4.20260205 duckdb-ext-httpfs==1.4.4.20260205 deltalake==1.6.6 polars==2.1.0 moto==5.2.1)
 if ! python3 - "${lake_readers[@]}" >/dev/null 2>&1 <<'PY'
 import sys
 from importlib.metadata import version
@@ -117,7 +118,7 @@ for pin in sys.argv[1:]:
 PY
 then
   echo "== installing the lake's other readers for python: ${lake_readers[*]} =="
-  python3 -m pip install --quiet --disable-pip-version-check "${lake_readers[@]}"
+  python3 -m pip install --quiet --disable-pip-version-check "${lake_readers[@]}" 'moto[server]==5.2.1'
 fi
 
 if ! python3 -c "import psycopg" >/dev/null 2>&1; then

@@ -971,7 +971,11 @@ async fn two_ingesters_in_a_group_alert_each_lease_once_across_a_takeover() {
     let mut b = serve_with_ingest(dir.path(), &broker, &cfg_b);
     let split = |s: &Server| s.proc.logs().matches("assigned partitions=").count();
     assert!(
-        wait_until(Duration::from_secs(60), || split(&a) >= 2 && split(&b) >= 1),
+        // Whichever joined first was assigned again when the other joined.
+        wait_until(Duration::from_secs(60), || {
+            let (na, nb) = (split(&a), split(&b));
+            na >= 1 && nb >= 1 && na + nb >= 3
+        }),
         "the group never split:\n{}\n{}",
         a.proc.logs(),
         b.proc.logs()

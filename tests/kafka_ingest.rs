@@ -73,9 +73,19 @@ fn assert_exact(lake: &Path, topic: &str, data: &Dataset, landed: &[Landed]) {
 fn caught_up(lake: &Path, data: &Dataset) -> bool {
     // Until the first commit there is no lake to read (reading one is an
     // error, not an empty answer).
-    lake.join("lease_events/_delta_log").is_dir()
-        && count(lake, "lease_events") >= data.unique.len()
-        && count(lake, "lease_rejects") >= data.malformed()
+    let n = |table: &str| -> Option<usize> {
+        let out = leaseline()
+            .args(["sql", "--lake"])
+            .arg(lake)
+            .args(["--format", "csv", &format!("SELECT count(*) AS n FROM {table}")])
+            .output()
+            .ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        out.status.success().then_some(())?;
+        text.lines().nth(1)?.trim().parse().ok()
+    };
+    n("lease_events").is_some_and(|c| c >= data.unique.len())
+        && n("lease_rejects").is_some_and(|c| c >= data.malformed())
 }
 
 async fn setup(topic: &str, seed: u64) -> (tempfile::TempDir, Broker, Dataset, Vec<Landed>) {
@@ -378,4 +388,52 @@ async fn a_kafka_password_from_a_file_reaches_no_log_line_or_error() {
         !stderr.contains(password),
         "the password in the error:\n{stderr}"
     );
+}
+
+/// The crash and takeover tests on a lake in S3 (moto's server): five
+/// SIGKILLs at random moments (each run in a fresh group: where to resume
+/// comes from the lake), then two ingesters in one group, one stopped while
+/// the other takes its partitions over. The end state is exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_s3_sigkills_and_a_group_of_two_lose_and_duplicate_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (dir, broker, data, landed) = setup("leases", 4).await;
+    let s3 = S3Server::start(dir.path(), "leaseline");
+    s3.export_env();
+    let url = s3.url("lake");
+    let lake = Path::new(&url);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for round in 0..5 {
+        let mut p = Proc::spawn(
+            &format!("ingest-crashy-{round}"),
+            ingest_cmd(&broker, lake, "leases", &format!("s3-crashy-{round}")),
+            dir.path(),
+        );
+        std::thread::sleep(Duration::from_millis(rng.random_range(1000..3000)));
+        p.kill9();
+    }
+    let mut a = Proc::spawn(
+        "ingest-a",
+        ingest_cmd(&broker, lake, "leases", "s3-pair"),
+        dir.path(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let mut b = Proc::spawn(
+        "ingest-b",
+        ingest_cmd(&broker, lake, "leases", "s3-pair"),
+        dir.path(),
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || b.logs().contains("assigned partitions=[(")),
+        "b never got partitions:\n{}",
+        b.logs()
+    );
+    assert!(a.terminate(Duration::from_secs(30)).success(), "{}", a.logs());
+    assert!(
+        wait_until(Duration::from_secs(300), || caught_up(lake, &data)),
+        "ingest on S3 did not catch up:\n{}",
+        b.logs()
+    );
+    assert!(b.terminate(Duration::from_secs(30)).success());
+    assert_exact(lake, "leases", &data, &landed);
 }

@@ -93,10 +93,18 @@ fn delta_schema(table: Table) -> Result<StructType> {
     Ok(StructType::try_new(fields).map_err(|e| LakeError::Delta(e.to_string()))?)
 }
 
-/// The app id of a topic-partition's `txn`: one per consumer group, so
-/// that a second group reading the same topics into the same lake keeps
-/// its own position.
-pub fn app_id(group: &str, topic: &str, partition: i32) -> String {
+/// The app id of the `txn` that holds a topic-partition's position in the
+/// table, whichever consumer group consumed it: the lake, not the group,
+/// decides where ingestion resumes, so a restart under another group id
+/// reads nothing twice.
+pub fn app_id(topic: &str, partition: i32) -> String {
+    format!("leaseline:{topic}:{partition}")
+}
+
+/// The app id of the `txn` each commit also carries for the consumer group
+/// that made it (as kafka-delta-ingest names its own): which group has
+/// consumed how far, for whoever reads the log.
+pub fn group_app_id(group: &str, topic: &str, partition: i32) -> String {
     format!("leaseline:{group}:{topic}:{partition}")
 }
 
@@ -249,12 +257,8 @@ fn percent_decode(p: &str) -> String {
         .unwrap_or_else(|_| p.to_string())
 }
 
-/// The `txn` versions of the given partitions.
-pub(crate) async fn txn_versions(
-    t: &DeltaTable,
-    group: &str,
-    partitions: &[(String, i32)],
-) -> Result<Offsets> {
+/// The positions (`txn` versions) of the given partitions.
+pub(crate) async fn txn_versions(t: &DeltaTable, partitions: &[(String, i32)]) -> Result<Offsets> {
     let mut out = Offsets::new();
     if partitions.is_empty() {
         return Ok(out);
@@ -263,7 +267,7 @@ pub(crate) async fn txn_versions(
     let log_store = t.log_store();
     for (topic, p) in partitions {
         if let Some(v) = snapshot
-            .transaction_version(log_store.as_ref(), app_id(group, topic, *p))
+            .transaction_version(log_store.as_ref(), app_id(topic, *p))
             .await?
         {
             out.entry(topic.clone()).or_default().insert(*p, v);
@@ -360,7 +364,7 @@ pub(crate) async fn commit(
         })
         .map(|r| (r.topic.clone(), r.partition))
         .collect();
-    let done = txn_versions(t, group, &unknown).await?;
+    let done = txn_versions(t, &unknown).await?;
     for r in &change.txns {
         if let Some(done) = done.get(&r.topic).and_then(|p| p.get(&r.partition)) {
             if *done > r.start {
@@ -392,12 +396,13 @@ pub(crate) async fn commit(
     let txns: Vec<Transaction> = change
         .txns
         .iter()
-        .map(|r: &KafkaRange| {
-            Transaction::new_with_last_update(
-                app_id(group, &r.topic, r.partition),
-                r.end,
-                Some(now_ms),
-            )
+        .flat_map(|r: &KafkaRange| {
+            let lake = app_id(&r.topic, r.partition);
+            let group = (!group.is_empty()).then(|| group_app_id(group, &r.topic, r.partition));
+            [Some(lake), group]
+                .into_iter()
+                .flatten()
+                .map(move |id| Transaction::new_with_last_update(id, r.end, Some(now_ms)))
         })
         .collect();
     let operation = if compaction {

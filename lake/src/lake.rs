@@ -150,7 +150,7 @@ impl Lake {
 
     /// The newest snapshot, or [`Manifest::empty`] for a new lake.
     pub async fn latest(&self) -> Result<Manifest> {
-        let (group, partitions) = self.scope();
+        let (_, partitions) = self.scope();
         let mut tables = self.inner.tables.lock().await;
         let mut m = Manifest::empty();
         for table in Table::ALL {
@@ -185,11 +185,11 @@ impl Lake {
             if !partitions.is_empty() {
                 match table {
                     Table::LeaseEvents => {
-                        m.kafka = delta::txn_versions(&loaded.table, &group, &partitions).await?
+                        m.kafka = delta::txn_versions(&loaded.table, &partitions).await?
                     }
                     Table::LeaseRejects => {
                         m.reject_kafka =
-                            delta::txn_versions(&loaded.table, &group, &partitions).await?
+                            delta::txn_versions(&loaded.table, &partitions).await?
                     }
                     Table::LeaseAlerts => {}
                 }

@@ -1171,3 +1171,62 @@ pub fn metric(page: &str, series: &str) -> f64 {
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+/// moto's S3 server on a free loopback port (from PyPI, installed by
+/// `scripts/test.sh`), with one bucket; killed on drop.
+pub struct S3Server {
+    pub proc: Proc,
+    pub endpoint: String,
+    pub bucket: String,
+}
+
+impl S3Server {
+    pub fn start(log_dir: &Path, bucket: &str) -> S3Server {
+        let port = free_port();
+        let mut cmd = Command::new("python3");
+        cmd.args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()]);
+        let proc = Proc::spawn("moto", cmd, log_dir);
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let s3 = S3Server {
+            proc,
+            endpoint,
+            bucket: bucket.to_string(),
+        };
+        let script = format!(
+            "import boto3\nboto3.client('s3', endpoint_url='{}', aws_access_key_id='test', aws_secret_access_key='test', region_name='us-east-1').create_bucket(Bucket='{bucket}')",
+            s3.endpoint
+        );
+        let made = wait_until(Duration::from_secs(60), || {
+            Command::new("python3")
+                .args(["-c", &script])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+        assert!(made, "moto's S3 server did not start:\n{}", s3.proc.logs());
+        s3
+    }
+
+    /// The environment under which leaseline and the other readers reach
+    /// this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ENDPOINT", self.endpoint.clone()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+        ]
+    }
+
+    /// Puts [`S3Server::env`] into this process's environment, for every
+    /// command the test starts.
+    pub fn export_env(&self) {
+        for (k, v) in self.env() {
+            std::env::set_var(k, v);
+        }
+    }
+
+    pub fn url(&self, prefix: &str) -> String {
+        format!("s3://{}/{prefix}", self.bucket)
+    }
+}
