@@ -311,10 +311,17 @@ fn a_lake_on_s3_takes_concurrent_writers_and_other_engines_read_it() {
         assert!(status.success(), "{}", p.logs());
         conflicts += p.logs().matches("commit conflict; rebasing").count();
     }
-    assert!(conflicts > 0, "90 commits from 3 writers at once never raced");
+    assert!(
+        conflicts > 0,
+        "90 commits from 3 writers at once never raced"
+    );
     let at = Path::new(&lake);
     assert_eq!(count(at, "lease_events"), 4500);
-    let distinct = sql(at, "SELECT count(DISTINCT event_id) AS n FROM lease_events", "csv");
+    let distinct = sql(
+        at,
+        "SELECT count(DISTINCT event_id) AS n FROM lease_events",
+        "csv",
+    );
     assert_eq!(distinct, "n\n4500\n");
     assert_eq!(readers_agree(&lake, "lease_events", &[]), 4500);
 

@@ -77,7 +77,11 @@ fn caught_up(lake: &Path, data: &Dataset) -> bool {
         let out = leaseline()
             .args(["sql", "--lake"])
             .arg(lake)
-            .args(["--format", "csv", &format!("SELECT count(*) AS n FROM {table}")])
+            .args([
+                "--format",
+                "csv",
+                &format!("SELECT count(*) AS n FROM {table}"),
+            ])
             .output()
             .ok()?;
         let text = String::from_utf8(out.stdout).ok()?;
@@ -424,11 +428,17 @@ async fn on_s3_sigkills_and_a_group_of_two_lose_and_duplicate_nothing() {
         dir.path(),
     );
     assert!(
-        wait_until(Duration::from_secs(60), || b.logs().contains("assigned partitions=[(")),
+        wait_until(Duration::from_secs(60), || b
+            .logs()
+            .contains("assigned partitions=[(")),
         "b never got partitions:\n{}",
         b.logs()
     );
-    assert!(a.terminate(Duration::from_secs(30)).success(), "{}", a.logs());
+    assert!(
+        a.terminate(Duration::from_secs(30)).success(),
+        "{}",
+        a.logs()
+    );
     assert!(
         wait_until(Duration::from_secs(300), || caught_up(lake, &data)),
         "ingest on S3 did not catch up:\n{}",

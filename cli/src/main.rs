@@ -948,7 +948,10 @@ async fn run_import(
         m.rows_of(Table::LeaseEvents),
         m.rows_of(Table::LeaseRejects),
         m.files_of(Table::LeaseEvents).count() + m.files_of(Table::LeaseRejects).count(),
-        m.tables.get(&Table::LeaseEvents).copied().unwrap_or_default()
+        m.tables
+            .get(&Table::LeaseEvents)
+            .copied()
+            .unwrap_or_default()
     );
     // The import has dropped the fan-out: the engine has every event.
     let mut engine = engine.await.context("the alert replay task failed")?;

@@ -152,15 +152,8 @@ mod tests {
         ] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap();
         }
-        for log in [
-            "data/demo/lease_events/_delta_log",
-            "data/lake/_manifest",
-        ] {
-            std::fs::write(
-                dir.path().join(log).join("00000000000000000000.json"),
-                "{}",
-            )
-            .unwrap();
+        for log in ["data/demo/lease_events/_delta_log", "data/lake/_manifest"] {
+            std::fs::write(dir.path().join(log).join("00000000000000000000.json"), "{}").unwrap();
         }
         let found: Vec<PathBuf> = lakes_near(dir.path())
             .into_iter()

@@ -158,7 +158,8 @@ impl ConsumerContext for IngestContext {
                     .iter()
                     .map(|e| (e.topic().to_string(), e.partition()))
                     .collect();
-                w.lake().track_partitions(&self.group, parts.iter().cloned());
+                w.lake()
+                    .track_partitions(&self.group, parts.iter().cloned());
                 // Another ingester may have committed these partitions'
                 // rows since we last looked: learn its offsets and ids.
                 if let Err(e) = self.handle.block_on(w.refresh()) {

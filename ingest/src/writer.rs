@@ -5,11 +5,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::{Int32Type, Int64Type};
+use arrow::array::{AsArray, RecordBatch};
 use leaseline_lake::{
-    kafka_key, line_key, parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError, Manifest,
-    PendingRows, PendingSnapshot, Table,
+    kafka_key, line_key, parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError,
+    Manifest, Origins, PendingRows, PendingSnapshot, Table,
 };
 use leaseline_schema::{decode, EventBatchBuilder, Origin, RejectBatchBuilder};
 use tracing::{debug, info, warn};
@@ -272,7 +271,9 @@ impl LakeWriter {
                         topic,
                         partition,
                         offset,
-                    } => self.reject_lines.insert(kafka_key(topic, partition, offset)),
+                    } => self
+                        .reject_lines
+                        .insert(kafka_key(topic, partition, offset)),
                 };
                 if fresh {
                     self.rejects.append(payload, &err, &origin, now);
@@ -514,7 +515,8 @@ impl LakeWriter {
                         events = kept;
                         let kept = drop_partitions(&rejects, &lost)?.0;
                         // Nor do their rejects' keys.
-                        let kept_keys: HashSet<u128> = row_keys(&kept).into_iter().flatten().collect();
+                        let kept_keys: HashSet<u128> =
+                            row_keys(&kept).into_iter().flatten().collect();
                         for key in row_keys(&rejects).into_iter().flatten() {
                             if !kept_keys.contains(&key) {
                                 self.reject_lines.remove(&key);
@@ -578,20 +580,12 @@ impl LakeWriter {
 /// Removes the rows of the lost partitions; returns the rest and the
 /// event ids (if the batch has that column) of the removed rows.
 fn drop_partitions(batch: &RecordBatch, lost: &[KafkaRange]) -> Result<(RecordBatch, Vec<String>)> {
-    let topic = batch
-        .column_by_name("kafka_topic")
-        .expect("origin")
-        .as_string::<i32>();
-    let part = batch
-        .column_by_name("kafka_partition")
-        .expect("origin")
-        .as_primitive::<Int32Type>();
+    let origins = Origins::of(batch);
     let keep: Vec<bool> = (0..batch.num_rows())
         .map(|i| {
-            topic.is_null(i)
-                || !lost
-                    .iter()
-                    .any(|r| r.partition == part.value(i) && r.topic == topic.value(i))
+            origins
+                .kafka(i)
+                .is_none_or(|(t, p, _)| !lost.iter().any(|r| r.partition == p && r.topic == t))
         })
         .collect();
     let mut dropped = Vec::new();
@@ -609,24 +603,9 @@ fn drop_partitions(batch: &RecordBatch, lost: &[KafkaRange]) -> Result<(RecordBa
 /// The `lease_rejects` range of each partition with Kafka rejects in the
 /// batch: from its first reject to the end of what the flush covers.
 fn reject_ranges(rejects: &RecordBatch, ranges: &[KafkaRange]) -> Vec<KafkaRange> {
-    let topic = rejects
-        .column_by_name("kafka_topic")
-        .expect("origin")
-        .as_string::<i32>();
-    let part = rejects
-        .column_by_name("kafka_partition")
-        .expect("origin")
-        .as_primitive::<Int32Type>();
-    let offset = rejects
-        .column_by_name("kafka_offset")
-        .expect("origin")
-        .as_primitive::<Int64Type>();
+    let origins = Origins::of(rejects);
     let mut out: Vec<KafkaRange> = Vec::new();
-    for i in 0..rejects.num_rows() {
-        if topic.is_null(i) || offset.is_null(i) {
-            continue;
-        }
-        let (t, p, o) = (topic.value(i), part.value(i), offset.value(i));
+    for (t, p, o) in (0..rejects.num_rows()).filter_map(|i| origins.kafka(i)) {
         match out.iter_mut().find(|r| r.partition == p && r.topic == t) {
             Some(r) => r.start = r.start.min(o),
             None => {
@@ -651,24 +630,12 @@ fn drop_committed_rejects(rejects: &RecordBatch, m: &Manifest) -> Result<RecordB
     if rejects.num_rows() == 0 || m.reject_kafka.is_empty() {
         return Ok(rejects.clone());
     }
-    let topic = rejects
-        .column_by_name("kafka_topic")
-        .expect("origin")
-        .as_string::<i32>();
-    let part = rejects
-        .column_by_name("kafka_partition")
-        .expect("origin")
-        .as_primitive::<Int32Type>();
-    let offset = rejects
-        .column_by_name("kafka_offset")
-        .expect("origin")
-        .as_primitive::<Int64Type>();
+    let origins = Origins::of(rejects);
     let keep: Vec<bool> = (0..rejects.num_rows())
         .map(|i| {
-            topic.is_null(i)
-                || offset.is_null(i)
-                || m.next_reject_offset(topic.value(i), part.value(i))
-                    .is_none_or(|next| offset.value(i) >= next)
+            origins
+                .kafka(i)
+                .is_none_or(|(t, p, o)| m.next_reject_offset(t, p).is_none_or(|next| o >= next))
         })
         .collect();
     Ok(parquet_io::filter_rows(rejects, &keep)?)
@@ -676,23 +643,8 @@ fn drop_committed_rejects(rejects: &RecordBatch, m: &Manifest) -> Result<RecordB
 
 /// Each reject's line key (from a file) or Kafka key, if it has either.
 fn row_keys(rejects: &RecordBatch) -> Vec<Option<u128>> {
-    let col = |name: &str| rejects.column_by_name(name).expect("origin");
-    let path = col("file_path").as_string::<i32>();
-    let line = col("file_line").as_primitive::<Int64Type>();
-    let topic = col("kafka_topic").as_string::<i32>();
-    let part = col("kafka_partition").as_primitive::<Int32Type>();
-    let offset = col("kafka_offset").as_primitive::<Int64Type>();
-    (0..rejects.num_rows())
-        .map(|i| {
-            if path.is_valid(i) && line.is_valid(i) {
-                Some(line_key(path.value(i), line.value(i) as u64))
-            } else if topic.is_valid(i) && part.is_valid(i) && offset.is_valid(i) {
-                Some(kafka_key(topic.value(i), part.value(i), offset.value(i)))
-            } else {
-                None
-            }
-        })
-        .collect()
+    let origins = Origins::of(rejects);
+    (0..rejects.num_rows()).map(|i| origins.key(i)).collect()
 }
 
 /// Removes the rejects whose keys are in `lines`.

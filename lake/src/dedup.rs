@@ -55,6 +55,56 @@ pub fn kafka_key(topic: &str, partition: i32, offset: i64) -> u128 {
     line_key(&format!("\0kafka\0{topic}\0{partition}"), offset as u64)
 }
 
+/// The origin columns of a batch of events or rejects, read row by row.
+pub struct Origins<'a> {
+    topic: &'a arrow::array::StringArray,
+    partition: &'a arrow::array::Int32Array,
+    offset: &'a arrow::array::Int64Array,
+    path: &'a arrow::array::StringArray,
+    line: &'a arrow::array::Int64Array,
+}
+
+impl<'a> Origins<'a> {
+    /// The origin columns of `batch`, which must have them (every table
+    /// with an origin does).
+    pub fn of(batch: &'a arrow::array::RecordBatch) -> Self {
+        use arrow::array::AsArray;
+        use arrow::datatypes::{Int32Type, Int64Type};
+        let col = |name: &str| batch.column_by_name(name).expect("an origin column");
+        Origins {
+            topic: col("kafka_topic").as_string::<i32>(),
+            partition: col("kafka_partition").as_primitive::<Int32Type>(),
+            offset: col("kafka_offset").as_primitive::<Int64Type>(),
+            path: col("file_path").as_string::<i32>(),
+            line: col("file_line").as_primitive::<Int64Type>(),
+        }
+    }
+
+    /// Topic, partition and offset of row `i`, if it came from Kafka.
+    pub fn kafka(&self, i: usize) -> Option<(&'a str, i32, i64)> {
+        use arrow::array::Array;
+        (self.topic.is_valid(i) && self.partition.is_valid(i) && self.offset.is_valid(i)).then(
+            || {
+                (
+                    self.topic.value(i),
+                    self.partition.value(i),
+                    self.offset.value(i),
+                )
+            },
+        )
+    }
+
+    /// The identity of row `i` for keeping a reject once: its
+    /// [`line_key`] if it came from a file, its [`kafka_key`] if from Kafka.
+    pub fn key(&self, i: usize) -> Option<u128> {
+        use arrow::array::Array;
+        if self.path.is_valid(i) && self.line.is_valid(i) {
+            return Some(line_key(self.path.value(i), self.line.value(i) as u64));
+        }
+        self.kafka(i).map(|(t, p, o)| kafka_key(t, p, o))
+    }
+}
+
 impl EventIdSet {
     pub fn new() -> Self {
         Self::default()

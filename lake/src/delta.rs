@@ -124,7 +124,11 @@ pub(crate) async fn load(t: &mut DeltaTable, store: &LakeStore, table: Table) ->
     } else {
         // The kernel reports a missing table in more ways than one; a
         // table is its log.
-        if store.list(&format!("{table}/_delta_log/")).await?.is_empty() {
+        if store
+            .list(&format!("{table}/_delta_log/"))
+            .await?
+            .is_empty()
+        {
             return Ok(false);
         }
         t.load().await

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{AsArray, RecordBatch};
 use chrono::Utc;
 use deltalake::DeltaTable;
 use tracing::{debug, info, warn};
@@ -134,7 +134,11 @@ impl Lake {
     /// From now on, snapshots carry the Kafka positions of these
     /// partitions for `group` ([`Manifest::kafka`]). A consumer calls it
     /// when it is assigned partitions, before reading where to resume.
-    pub fn track_partitions(&self, group: &str, partitions: impl IntoIterator<Item = (String, i32)>) {
+    pub fn track_partitions(
+        &self,
+        group: &str,
+        partitions: impl IntoIterator<Item = (String, i32)>,
+    ) {
         let mut s = self.inner.scope.lock().unwrap_or_else(|p| p.into_inner());
         if s.group != group {
             s.group = group.to_string();
@@ -156,7 +160,13 @@ impl Lake {
         for table in Table::ALL {
             if !tables.contains_key(&table) {
                 let handle = delta::handle(&self.store, table)?;
-                tables.insert(table, Loaded { table: handle, files: None });
+                tables.insert(
+                    table,
+                    Loaded {
+                        table: handle,
+                        files: None,
+                    },
+                );
             }
             let loaded = tables.get_mut(&table).expect("inserted above");
             let t = &mut loaded.table;
@@ -188,8 +198,7 @@ impl Lake {
                         m.kafka = delta::txn_versions(&loaded.table, &partitions).await?
                     }
                     Table::LeaseRejects => {
-                        m.reject_kafka =
-                            delta::txn_versions(&loaded.table, &partitions).await?
+                        m.reject_kafka = delta::txn_versions(&loaded.table, &partitions).await?
                     }
                     Table::LeaseAlerts => {}
                 }
@@ -295,7 +304,11 @@ impl Lake {
                 self.store.sync(&rel).map_err(|e| (i + 1, e))?;
             }
         }
-        debug!(version = next.version, tables = per_table.len(), "committed");
+        debug!(
+            version = next.version,
+            tables = per_table.len(),
+            "committed"
+        );
         Ok(next)
     }
 
@@ -375,33 +388,17 @@ impl Lake {
         files: &[&DataFile],
         keys: &mut HashSet<u128>,
     ) -> Result<()> {
-        use arrow::datatypes::{Int32Type, Int64Type};
+        let columns = [
+            "file_path",
+            "file_line",
+            "kafka_topic",
+            "kafka_partition",
+            "kafka_offset",
+        ];
         for f in files.iter().filter(|f| f.table == Table::LeaseRejects) {
-            let columns = [
-                "file_path",
-                "file_line",
-                "kafka_topic",
-                "kafka_partition",
-                "kafka_offset",
-            ];
             for b in parquet_io::read_columns(&self.store, &f.path, &columns).await? {
-                let col = |name: &str| b.column_by_name(name).expect("projected");
-                let paths = col("file_path").as_string::<i32>();
-                let lines = col("file_line").as_primitive::<Int64Type>();
-                let topics = col("kafka_topic").as_string::<i32>();
-                let parts = col("kafka_partition").as_primitive::<Int32Type>();
-                let offsets = col("kafka_offset").as_primitive::<Int64Type>();
-                for i in 0..b.num_rows() {
-                    if paths.is_valid(i) && lines.is_valid(i) {
-                        keys.insert(crate::dedup::line_key(paths.value(i), lines.value(i) as u64));
-                    } else if topics.is_valid(i) && parts.is_valid(i) && offsets.is_valid(i) {
-                        keys.insert(crate::dedup::kafka_key(
-                            topics.value(i),
-                            parts.value(i),
-                            offsets.value(i),
-                        ));
-                    }
-                }
+                let origins = crate::dedup::Origins::of(&b);
+                keys.extend((0..b.num_rows()).filter_map(|i| origins.key(i)));
             }
         }
         Ok(())

@@ -88,10 +88,7 @@ impl DataFile {
 
     /// The `date` partition value (`2026-09-14`) of the file.
     pub fn date(&self) -> Option<&str> {
-        self.table_path()
-            .split('/')
-            .next()?
-            .strip_prefix("date=")
+        self.table_path().split('/').next()?.strip_prefix("date=")
     }
 }
 
@@ -159,7 +156,10 @@ impl Manifest {
         let mut named: Vec<String> = Vec::new();
         for t in Table::ALL {
             if paths.iter().any(|p| p.starts_with(&format!("{t}/"))) {
-                named.push(format!("{t} version {}", self.tables.get(&t).copied().unwrap_or(0)));
+                named.push(format!(
+                    "{t} version {}",
+                    self.tables.get(&t).copied().unwrap_or(0)
+                ));
             }
         }
         named.join(", ")

@@ -146,7 +146,10 @@ pub async fn migrate(location: &str, group: &str) -> Result<MigrationReport> {
     let mut by_table: BTreeMap<Table, Vec<String>> = BTreeMap::new();
     for f in &old.files {
         let table = table_of(&f.table).ok_or_else(|| {
-            LakeError::Delta(format!("the old manifest names an unknown table {}", f.table))
+            LakeError::Delta(format!(
+                "the old manifest names an unknown table {}",
+                f.table
+            ))
         })?;
         *expected.entry(table).or_default() += f.rows;
         by_table.entry(table).or_default().push(f.path.clone());
@@ -223,7 +226,9 @@ pub async fn migrate(location: &str, group: &str) -> Result<MigrationReport> {
     for (p, _, _) in store.list(OLD_DIR).await? {
         let name = p.rsplit('/').next().unwrap_or(&p).to_string();
         let bytes = store.get(&p).await?;
-        store.put(&format!("{DONE_DIR}/{name}"), bytes.to_vec()).await?;
+        store
+            .put(&format!("{DONE_DIR}/{name}"), bytes.to_vec())
+            .await?;
     }
     for (p, _, _) in store.list(OLD_DIR).await? {
         store.delete(&p).await?;

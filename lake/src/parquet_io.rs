@@ -30,18 +30,12 @@ pub fn schema_of(table: Table) -> arrow::datatypes::SchemaRef {
     }
 }
 
-/// A batch as the tables store it (see [`crate::delta`]): unsigned 64-bit
-/// columns as `decimal(20,0)`, which holds all of them exactly.
-pub fn to_storage(batch: &RecordBatch) -> Result<RecordBatch> {
-    if !batch
-        .schema()
-        .fields()
-        .iter()
-        .any(|f| f.data_type() == &DataType::UInt64)
-    {
-        return Ok(batch.clone());
-    }
-    let schema = storage_schema(&batch.schema());
+/// `batch`'s columns cast to `schema`'s types (which name the same
+/// columns in the same order).
+fn cast_to(
+    batch: &RecordBatch,
+    schema: arrow::datatypes::SchemaRef,
+) -> Result<RecordBatch, arrow::error::ArrowError> {
     let cols = batch
         .columns()
         .iter()
@@ -54,7 +48,21 @@ pub fn to_storage(batch: &RecordBatch) -> Result<RecordBatch> {
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(RecordBatch::try_new(schema, cols)?)
+    RecordBatch::try_new(schema, cols)
+}
+
+/// A batch as the tables store it (see [`crate::delta`]): unsigned 64-bit
+/// columns as `decimal(20,0)`, which holds all of them exactly.
+pub fn to_storage(batch: &RecordBatch) -> Result<RecordBatch> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| f.data_type() == &DataType::UInt64)
+    {
+        return Ok(batch.clone());
+    }
+    Ok(cast_to(batch, storage_schema(&batch.schema()))?)
 }
 
 /// A stored batch back in the tables' Arrow types: `decimal(20,0)` columns
@@ -81,28 +89,19 @@ pub fn from_storage(batch: RecordBatch) -> Result<RecordBatch, arrow::error::Arr
             arrow::datatypes::Field::new(f.name(), t, f.is_nullable())
         })
         .collect();
-    let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(fields));
-    let cols = batch
-        .columns()
-        .iter()
-        .zip(schema.fields())
-        .map(|(c, f)| {
-            if c.data_type() == f.data_type() {
-                Ok(c.clone())
-            } else {
-                arrow::compute::cast(c, f.data_type())
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    RecordBatch::try_new(schema, cols)
+    cast_to(
+        &batch,
+        std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
+    )
 }
 
 fn writer_properties(table: Table) -> WriterProperties {
     let builder = match table {
         // Lookups of one event (is this id in the lake?) skip row groups
         // that cannot hold it.
-        Table::LeaseEvents => WriterProperties::builder()
-            .set_column_bloom_filter_enabled("event_id".into(), true),
+        Table::LeaseEvents => {
+            WriterProperties::builder().set_column_bloom_filter_enabled("event_id".into(), true)
+        }
         _ => WriterProperties::builder(),
     };
     builder

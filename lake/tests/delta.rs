@@ -47,7 +47,9 @@ fn log(dir: &std::path::Path, table: &str, version: u64) -> String {
 
 async fn append(lake: &Lake, ids: std::ops::Range<u64>) -> leaseline_lake::Result<()> {
     let base = lake.latest().await?;
-    let files = lake.write(Table::LeaseEvents, &events(ids.clone(), 1)).await?;
+    let files = lake
+        .write(Table::LeaseEvents, &events(ids.clone(), 1))
+        .await?;
     let change = Change::Append {
         files,
         kafka: vec![range(ids.start as i64, ids.end as i64)],
@@ -73,21 +75,31 @@ async fn an_append_is_one_delta_commit_with_its_rows_and_txn() {
     // The lake's position of the partition, and the group's.
     assert_eq!(ids, vec!["leaseline:t:0", "leaseline:g:t:0"]);
     assert!(txns.iter().all(|t| t["version"] == 10));
-    let add = actions.iter().find_map(|a| a.get("add")).expect("an add action");
+    let add = actions
+        .iter()
+        .find_map(|a| a.get("add"))
+        .expect("an add action");
     assert_eq!(add["partitionValues"]["date"], "2026-09-14");
-    assert!(add["path"].as_str().unwrap().starts_with("date=2026-09-14/"));
+    assert!(add["path"]
+        .as_str()
+        .unwrap()
+        .starts_with("date=2026-09-14/"));
     let stats: serde_json::Value = serde_json::from_str(add["stats"].as_str().unwrap()).unwrap();
     assert_eq!(stats["numRecords"], 10);
 
     // Another process, opening the lake afresh, sees the same.
-    let other = Lake::open_existing(dir.path().to_str().unwrap()).await.unwrap();
+    let other = Lake::open_existing(dir.path().to_str().unwrap())
+        .await
+        .unwrap();
     other.track_partitions("g", [("t".to_string(), 0)]);
     let m = other.latest().await.unwrap();
     assert_eq!(m.rows_of(Table::LeaseEvents), 10);
     assert_eq!(m.next_offset("t", 0), Some(10));
     assert_eq!(m.tables[&Table::LeaseEvents], 1);
     // Another consumer group resumes where the lake is, not from scratch.
-    let third = Lake::open_existing(dir.path().to_str().unwrap()).await.unwrap();
+    let third = Lake::open_existing(dir.path().to_str().unwrap())
+        .await
+        .unwrap();
     third.track_partitions("other", [("t".to_string(), 0)]);
     assert_eq!(third.latest().await.unwrap().next_offset("t", 0), Some(10));
 }
@@ -99,7 +111,10 @@ async fn a_stale_writer_conflicts_and_leaves_no_file_behind() {
     let stale = lake.latest().await.unwrap();
     append(&lake, 0..10).await.unwrap();
 
-    let files = lake.write(Table::LeaseEvents, &events(10..20, 1)).await.unwrap();
+    let files = lake
+        .write(Table::LeaseEvents, &events(10..20, 1))
+        .await
+        .unwrap();
     let path = dir.path().join(&files[0].path);
     assert!(path.exists());
     let change = Change::Append {
@@ -161,7 +176,10 @@ async fn compaction_replaces_files_in_one_commit_and_vacuum_deletes_them_later()
         .compact(&leaseline_lake::CompactionPolicy::default())
         .await
         .unwrap();
-    assert_eq!((report.merged_files, report.written_files, report.rows), (4, 1, 40));
+    assert_eq!(
+        (report.merged_files, report.written_files, report.rows),
+        (4, 1, 40)
+    );
     let after = lake.latest().await.unwrap();
     assert_eq!(after.rows_of(Table::LeaseEvents), 40);
     assert_eq!(after.files_of(Table::LeaseEvents).count(), 1);
@@ -196,7 +214,9 @@ async fn a_checkpoint_every_hundred_commits() {
         .join("00000000000000000099.checkpoint.parquet")
         .exists());
     assert!(log_dir.join("_last_checkpoint").exists());
-    let other = Lake::open_existing(dir.path().to_str().unwrap()).await.unwrap();
+    let other = Lake::open_existing(dir.path().to_str().unwrap())
+        .await
+        .unwrap();
     other.track_partitions("", [("t".to_string(), 0)]);
     let m = other.latest().await.unwrap();
     assert_eq!(m.rows_of(Table::LeaseEvents), 101);

@@ -13,8 +13,8 @@ fn old_file(lake: &Path, rel: &str, batch: &RecordBatch) {
     let path = lake.join(rel);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     // The old format stored the tables' Arrow types as they are.
-    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None)
-        .unwrap();
+    let mut w =
+        ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
     w.write(batch).unwrap();
     w.close().unwrap();
 }
@@ -91,15 +91,22 @@ async fn an_old_lake_becomes_delta_tables_with_the_same_rows_and_positions() {
     // A migration that died after writing a Delta log starts over.
     std::fs::create_dir_all(dir.path().join("lease_events/_delta_log")).unwrap();
     std::fs::write(
-        dir.path().join("lease_events/_delta_log/00000000000000000000.json"),
+        dir.path()
+            .join("lease_events/_delta_log/00000000000000000000.json"),
         "{}",
     )
     .unwrap();
 
     let report = migrate(location, "g").await.unwrap();
-    assert_eq!((report.from_version, report.events, report.rejects), (3, 50, 1));
+    assert_eq!(
+        (report.from_version, report.events, report.rejects),
+        (3, 50, 1)
+    );
     assert!(!dir.path().join("_manifest").exists());
-    assert!(!dir.path().join("lease_events/date=2026-09-14/a.parquet").exists());
+    assert!(!dir
+        .path()
+        .join("lease_events/date=2026-09-14/a.parquet")
+        .exists());
 
     let lake = Lake::open_existing(location).await.unwrap();
     lake.track_partitions("g", [("t".to_string(), 0), ("t".to_string(), 1)]);
@@ -131,8 +138,13 @@ async fn a_count_that_does_not_match_changes_nothing() {
         .unwrap()
         .replace(r#""rows":30"#, r#""rows":31"#);
     std::fs::write(&path, text).unwrap();
-    let err = migrate(dir.path().to_str().unwrap(), "g").await.unwrap_err();
+    let err = migrate(dir.path().to_str().unwrap(), "g")
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("nothing was changed"), "{err}");
     assert!(path.exists());
-    assert!(dir.path().join("lease_events/date=2026-09-14/a.parquet").exists());
+    assert!(dir
+        .path()
+        .join("lease_events/date=2026-09-14/a.parquet")
+        .exists());
 }

@@ -78,7 +78,10 @@ pub enum QueryError {
         if missing.len() == 1 { "" } else { "s" },
         missing.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
     )]
-    Damaged { version: String, missing: Vec<String> },
+    Damaged {
+        version: String,
+        missing: Vec<String>,
+    },
     /// Every place for a running query stayed taken for the queue timeout
     /// (HTTP 503, SQLSTATE 53300).
     #[error(

@@ -412,7 +412,10 @@ pub fn readers_agree(lake: &str, table: &str, env: &[(&str, &str)]) -> u64 {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let theirs = &v["leaseline"];
     for reader in ["deltalake", "polars", "duckdb"] {
-        assert_eq!(&v[reader], theirs, "{reader} and leaseline disagree on {table}: {v}");
+        assert_eq!(
+            &v[reader], theirs,
+            "{reader} and leaseline disagree on {table}: {v}"
+        );
     }
     theirs["rows"].as_u64().unwrap()
 }
@@ -1184,7 +1187,14 @@ impl S3Server {
     pub fn start(log_dir: &Path, bucket: &str) -> S3Server {
         let port = free_port();
         let mut cmd = Command::new("python3");
-        cmd.args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()]);
+        cmd.args([
+            "-m",
+            "moto.server",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ]);
         let proc = Proc::spawn("moto", cmd, log_dir);
         let endpoint = format!("http://127.0.0.1:{port}");
         let s3 = S3Server {
