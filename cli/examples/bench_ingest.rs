@@ -57,12 +57,20 @@ fn vm_hwm_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// A consumer that reads and discards, built by the ingester's own
+/// configuration code: the same librdkafka settings
+/// (`queued.max.messages.kbytes`, `fetch.wait.max.ms`,
+/// `enable.partition.eof`, ...), so the ratio measures the lake, not the
+/// client's tuning.
 fn discard(brokers: &str, n: u64, round: u32) -> Duration {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("discard-{round}"))
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
+    let cfg = leaseline_ingest::KafkaConfig {
+        brokers: brokers.to_string(),
+        topics: vec![TOPIC.to_string()],
+        group_id: format!("discard-{round}"),
+        ..Default::default()
+    };
+    let c: BaseConsumer = leaseline_ingest::kafka::client_config(&cfg)
+        .unwrap()
         .create()
         .unwrap();
     c.subscribe(&[TOPIC]).unwrap();

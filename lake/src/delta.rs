@@ -54,6 +54,10 @@ pub const SCHEMA_VERSION_PROPERTY: &str = "leaseline.schemaVersion";
 const TAG_MIN_TS: &str = "leaseline.minTsUs";
 const TAG_MAX_TS: &str = "leaseline.maxTsUs";
 const TAG_LEVEL: &str = "leaseline.level";
+/// `<version>.<index>`: the commit that added the file and its place in
+/// it. Snapshots list files in that order, as rows arrived, whatever order
+/// the log replays them in.
+const TAG_ADDED: &str = "leaseline.added";
 
 /// The partition column of every table.
 pub const PARTITION_COLUMN: &str = "date";
@@ -208,7 +212,8 @@ fn stat_ts(stats: &serde_json::Value, kind: &str, column: &str) -> Option<i64> {
 /// The data files of a loaded table.
 pub(crate) fn files(t: &DeltaTable, table: Table) -> Result<Vec<DataFile>> {
     let snapshot = t.snapshot()?;
-    let mut out = Vec::with_capacity(snapshot.log_data().num_files());
+    let mut out: Vec<((u64, u64), i64, DataFile)> =
+        Vec::with_capacity(snapshot.log_data().num_files());
     for view in snapshot.log_data().iter() {
         // The add action has the tags, which the file view does not show.
         #[allow(deprecated)]
@@ -233,21 +238,33 @@ pub(crate) fn files(t: &DeltaTable, table: Table) -> Result<Vec<DataFile>> {
             .or_else(|| view.num_records().map(|n| n as u64))
             .unwrap_or(0);
         let path = percent_decode(&add.path);
-        out.push(DataFile {
-            table,
-            path: format!("{}/{path}", table.name()),
-            rows,
-            bytes: add.size.max(0) as u64,
-            min_ts_us,
-            max_ts_us,
-            level: tag(&add.tags, TAG_LEVEL)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-        });
+        let added_in = tag(&add.tags, TAG_ADDED)
+            .and_then(|v| {
+                let (version, index) = v.split_once('.')?;
+                Some((version.parse().ok()?, index.parse().ok()?))
+            })
+            .unwrap_or((u64::MAX, 0));
+        out.push((
+            added_in,
+            add.modification_time,
+            DataFile {
+                table,
+                path: format!("{}/{path}", table.name()),
+                rows,
+                bytes: add.size.max(0) as u64,
+                min_ts_us,
+                max_ts_us,
+                level: tag(&add.tags, TAG_LEVEL)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+            },
+        ));
     }
-    // Readers list files in a stable order, and rows of one day together.
-    out.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(out)
+    // In the order they were committed (files another tool added, without
+    // our tag, by their time), then by path: a stable order readers can
+    // rely on, as rows arrived.
+    out.sort_by(|a, b| (a.0, a.1, &a.2.path).cmp(&(b.0, b.1, &b.2.path)));
+    Ok(out.into_iter().map(|(_, _, f)| f).collect())
 }
 
 /// Delta paths are URIs: undo the percent-encoding another tool may have
@@ -291,7 +308,7 @@ fn partition_values(f: &DataFile) -> HashMap<String, Option<String>> {
     HashMap::from([(PARTITION_COLUMN.to_string(), f.date().map(str::to_string))])
 }
 
-fn add_action(f: &DataFile, data_change: bool, now_ms: i64) -> Add {
+fn add_action(f: &DataFile, data_change: bool, now_ms: i64, added: (u64, usize)) -> Add {
     let column = time_column(f.table);
     let stats = json!({
         "numRecords": f.rows,
@@ -310,6 +327,10 @@ fn add_action(f: &DataFile, data_change: bool, now_ms: i64) -> Add {
             (TAG_MIN_TS.to_string(), Some(f.min_ts_us.to_string())),
             (TAG_MAX_TS.to_string(), Some(f.max_ts_us.to_string())),
             (TAG_LEVEL.to_string(), Some(f.level.to_string())),
+            (
+                TAG_ADDED.to_string(),
+                Some(format!("{}.{}", added.0, added.1)),
+            ),
         ])),
         ..Default::default()
     }
@@ -395,7 +416,8 @@ pub(crate) async fn commit(
         change
             .add
             .iter()
-            .map(|f| Action::Add(add_action(f, !compaction, now_ms))),
+            .enumerate()
+            .map(|(i, f)| Action::Add(add_action(f, !compaction, now_ms, (expected + 1, i)))),
     );
     let txns: Vec<Transaction> = change
         .txns

@@ -238,3 +238,28 @@ async fn a_reader_never_creates_a_lake_and_names_the_old_format() {
         .unwrap_err();
     assert!(err.to_string().contains("leaseline migrate"), "{err}");
 }
+
+#[tokio::test]
+async fn a_snapshot_lists_files_in_the_order_they_were_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let mut committed = Vec::new();
+    for i in 0..12 {
+        append(&lake, i * 5..i * 5 + 5).await.unwrap();
+        let m = lake.latest().await.unwrap();
+        let newest = m.files_of(Table::LeaseEvents).last().unwrap().path.clone();
+        assert!(!committed.contains(&newest), "the newest file comes last");
+        committed.push(newest);
+    }
+    let other = Lake::open_existing(dir.path().to_str().unwrap())
+        .await
+        .unwrap();
+    let listed: Vec<String> = other
+        .latest()
+        .await
+        .unwrap()
+        .files_of(Table::LeaseEvents)
+        .map(|f| f.path.clone())
+        .collect();
+    assert_eq!(listed, committed);
+}
