@@ -100,9 +100,15 @@ if [ "${LEASELINE_TEST_PREREQS_ONLY:-0}" = 1 ]; then
 fi
 
 # --- Test tools --------------------------------------------------------------
+# tansu builds beside the tests' own build: each leaves a core idle at
+# times (single-threaded crates, linking), so together they finish sooner.
+tansu_pid=
+tansu_log=
 if ! command -v tansu >/dev/null 2>&1; then
-  echo "== installing tansu (Kafka-protocol broker) =="
-  cargo install tansu --locked --features dynostore
+  echo "== installing tansu (Kafka-protocol broker) in the background =="
+  tansu_log=$(mktemp)
+  cargo install tansu --locked --features dynostore >"$tansu_log" 2>&1 &
+  tansu_pid=$!
 fi
 
 # Independent readers of the lake's Delta tables, pinned together (the
@@ -157,6 +163,17 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # Say how much disk there is before the build, so a build that dies of a
 # full disk is recognised as such from the log.
 df -h . 2>/dev/null | tail -n 1 | awk '{print "== disk: " $4 " free on " $6 " =="}' || true
+
+echo "== cargo test: build =="
+cargo test --workspace --no-fail-fast --no-run
+if [ -n "$tansu_pid" ]; then
+  echo "== waiting for tansu =="
+  if ! wait "$tansu_pid"; then
+    tail -n 50 "$tansu_log" >&2
+    die "cargo install tansu failed (its log is above)"
+  fi
+  rm -f "$tansu_log"
+fi
 
 echo "== cargo test =="
 cargo test --workspace --no-fail-fast "$@"
