@@ -15,9 +15,12 @@ use leaseline_schema::{decode, EventBatchBuilder, Origin};
 async fn main() {
     let mut args = std::env::args().skip(1);
     let n: u64 = args.next().map_or(10_000, |s| s.parse().expect("N"));
-    let dir = args.next().map(std::path::PathBuf::from).unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("leaseline-bench-open-{}", std::process::id()))
-    });
+    let dir = args
+        .next()
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("leaseline-bench-open-{}", std::process::id()))
+        });
     let location = dir.to_str().unwrap().to_string();
     let lake = Lake::open(&location).unwrap();
     lake.track_partitions("bench", [("t".to_string(), 0)]);
