@@ -448,9 +448,6 @@ impl LakeWriter {
         self.first_buffered = None;
 
         loop {
-            // Rejects a writer before us committed just before it died
-            // (lease_rejects commits first) are in the lake already.
-            rejects = drop_committed_rejects(&rejects, &self.manifest)?;
             let mut files = self.lake.write(Table::LeaseEvents, &events).await?;
             files.extend(self.lake.write(Table::LeaseRejects, &rejects).await?);
             let change = Change::Append {
@@ -623,22 +620,6 @@ fn reject_ranges(rejects: &RecordBatch, ranges: &[KafkaRange]) -> Vec<KafkaRange
         }
     }
     out
-}
-
-/// Removes the Kafka rejects `lease_rejects` already covers.
-fn drop_committed_rejects(rejects: &RecordBatch, m: &Manifest) -> Result<RecordBatch> {
-    if rejects.num_rows() == 0 || m.reject_kafka.is_empty() {
-        return Ok(rejects.clone());
-    }
-    let origins = Origins::of(rejects);
-    let keep: Vec<bool> = (0..rejects.num_rows())
-        .map(|i| {
-            origins
-                .kafka(i)
-                .is_none_or(|(t, p, o)| m.next_reject_offset(t, p).is_none_or(|next| o >= next))
-        })
-        .collect();
-    Ok(parquet_io::filter_rows(rejects, &keep)?)
 }
 
 /// Each reject's line key (from a file) or Kafka key, if it has either.

@@ -271,14 +271,11 @@ impl Lake {
     ) -> std::result::Result<Manifest, (usize, LakeError)> {
         let next = change.apply(base, Utc::now()).map_err(|e| (0, e))?;
         let per_table = change.per_table(base);
+        let (group, _) = self.scope();
         // Snapshots from now on carry the positions of what we commit.
         if let Change::Append { kafka, .. } = change {
-            if !kafka.is_empty() {
-                let group = self.scope().0;
-                self.track_partitions(&group, kafka.iter().map(|r| (r.topic.clone(), r.partition)));
-            }
+            self.track_partitions(&group, kafka.iter().map(|r| (r.topic.clone(), r.partition)));
         }
-        let (group, _) = self.scope();
         let mut tables = self.inner.tables.lock().await;
         for (i, (table, tc)) in per_table.iter().enumerate() {
             let result = match (base.tables.get(table), tables.get_mut(table)) {
