@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use arrow::array::{AsArray, RecordBatch};
 use chrono::Utc;
-use deltalake::DeltaTable;
 use tracing::{debug, info, warn};
 
 use crate::dedup::EventIdSet;
@@ -44,13 +43,6 @@ pub struct CompactionReport {
     pub rows: u64,
 }
 
-/// One table's handle and the file list of the version it last loaded
-/// (a snapshot at an unchanged version costs no log read or listing).
-struct Loaded {
-    table: DeltaTable,
-    files: Option<(u64, Arc<Vec<DataFile>>)>,
-}
-
 /// Whose Kafka positions [`Lake::latest`] reads: the consumer group and the
 /// partitions it has been assigned.
 #[derive(Debug, Default)]
@@ -60,7 +52,7 @@ struct KafkaScope {
 }
 
 struct Inner {
-    tables: tokio::sync::Mutex<BTreeMap<Table, Loaded>>,
+    tables: tokio::sync::Mutex<BTreeMap<Table, delta::Loaded>>,
     scope: Mutex<KafkaScope>,
     /// Writers create missing tables; readers never do.
     writable: bool,
@@ -159,46 +151,27 @@ impl Lake {
         let mut m = Manifest::empty();
         for table in Table::ALL {
             if !tables.contains_key(&table) {
-                let handle = delta::handle(&self.store, table)?;
-                tables.insert(
-                    table,
-                    Loaded {
-                        table: handle,
-                        files: None,
-                    },
-                );
+                tables.insert(table, delta::Loaded::new(&self.store, table)?);
             }
             let loaded = tables.get_mut(&table).expect("inserted above");
-            let t = &mut loaded.table;
-            if !delta::load(t, &self.store, table).await? {
-                if !self.inner.writable {
-                    continue;
-                }
-                delta::create(t, &self.store, table).await?;
+            if !loaded
+                .refresh(&self.store, table, self.inner.writable)
+                .await?
+            {
+                continue;
             }
-            let version = t.version().unwrap_or(0);
-            let files = match &loaded.files {
-                Some((v, files)) if *v == version => files.clone(),
-                _ => {
-                    delta::check_schema_version(t, table)?;
-                    let files = Arc::new(delta::files(t, table)?);
-                    loaded.files = Some((version, files.clone()));
-                    files
-                }
-            };
-            if let Some(at) = delta::committed_at(&loaded.table) {
+            let state = loaded.state().expect("refreshed");
+            if let Some(at) = state.committed_at {
                 m.committed_at = m.committed_at.max(at);
             }
-            m.tables.insert(table, version);
-            m.version += version as u64 + 1;
-            m.files.extend(files.iter().cloned());
+            m.tables.insert(table, state.version);
+            m.version += state.version + 1;
+            m.files.extend(state.files.iter().cloned());
             if !partitions.is_empty() {
                 match table {
-                    Table::LeaseEvents => {
-                        m.kafka = delta::txn_versions(&loaded.table, &partitions).await?
-                    }
+                    Table::LeaseEvents => m.kafka = loaded.txn_versions(&partitions).await?,
                     Table::LeaseRejects => {
-                        m.reject_kafka = delta::txn_versions(&loaded.table, &partitions).await?
+                        m.reject_kafka = loaded.txn_versions(&partitions).await?
                     }
                     Table::LeaseAlerts => {}
                 }
@@ -285,7 +258,7 @@ impl Lake {
                         Table::LeaseRejects => Some(&base.reject_kafka),
                         Table::LeaseAlerts => None,
                     };
-                    delta::commit(&mut loaded.table, *table, *expected, &group, tc, known).await
+                    loaded.commit(*table, *expected, &group, tc, known).await
                 }
                 _ => Err(LakeError::Conflict {
                     version: base.version,
@@ -299,6 +272,9 @@ impl Lake {
             if self.store.is_local() {
                 let rel = format!("{table}/_delta_log/{version:020}.json");
                 self.store.sync(&rel).map_err(|e| (i + 1, e))?;
+            }
+            if let Some(loaded) = tables.get_mut(table) {
+                loaded.after_commit(&self.store, *table, version).await;
             }
         }
         debug!(

@@ -202,6 +202,16 @@ impl LakeStore {
         Ok(())
     }
 
+    /// Whether an object exists at `rel` (one HEAD request on object
+    /// storage; no listing).
+    pub async fn exists(&self, rel: &str) -> Result<bool> {
+        match self.store.head(&self.path(rel)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub async fn get(&self, rel: &str) -> Result<bytes::Bytes> {
         Ok(self.store.get(&self.path(rel)).await?.bytes().await?)
     }
