@@ -1,14 +1,14 @@
 //! The lake writer: buffers decoded messages and commits them to the lake
 //! with the Kafka ranges they cover, de-duplicated by `event_id`.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::{AsArray, RecordBatch};
 use leaseline_lake::{
-    kafka_key, line_key, parquet_io, Change, DataFile, EventIdSet, KafkaRange, Lake, LakeError,
-    Manifest, Origins, PendingRows, PendingSnapshot, Table,
+    day_of, kafka_key, line_key, parquet_io, Change, DataFile, KafkaRange, Lake, LakeError,
+    Manifest, Origins, PendingRows, PendingSnapshot, RecentIds, Seen, Table,
 };
 use leaseline_schema::{decode, EventBatchBuilder, Origin, RejectBatchBuilder};
 use tracing::{debug, info, warn};
@@ -55,9 +55,14 @@ pub struct LakeWriter {
     /// Shared with the pending rows' readers, who read exactly this
     /// snapshot plus the rows.
     manifest: Arc<Manifest>,
-    /// Files whose ids are in `seen`.
+    /// Files the writer has seen (their ids are in `seen` if their day is
+    /// resident).
     known_files: HashSet<String>,
-    seen: EventIdSet,
+    /// Ids of the recent days (see [`RecentIds`]).
+    seen: RecentIds,
+    /// Ids of buffered events whose day is older than `seen` holds, by
+    /// day: checked against the lake when the buffer is committed.
+    late: BTreeMap<i32, HashSet<String>>,
     /// [`line_key`]s and [`kafka_key`]s of the rejects in `known_files`
     /// and in the buffer: a file imported again, or a topic read again by
     /// another consumer group, keeps each reject once.
@@ -86,11 +91,15 @@ fn now_us() -> i64 {
 }
 
 impl LakeWriter {
-    /// Opens a writer on the lake's newest version, loading every
-    /// `event_id` already in it.
+    /// Opens a writer on the lake's newest version, loading the
+    /// `event_id`s of its recent days ([`RecentIds`]).
     pub async fn open(lake: Lake) -> Result<Self> {
         let manifest = lake.latest().await?;
-        let mut seen = EventIdSet::new();
+        let newest = manifest
+            .files_of(Table::LeaseEvents)
+            .map(|f| day_of(f.min_ts_us))
+            .max();
+        let mut seen = RecentIds::starting_at(newest);
         let files: Vec<&DataFile> = manifest.files.iter().collect();
         lake.load_event_ids(&files, &mut seen).await?;
         let mut reject_lines = HashSet::new();
@@ -100,6 +109,7 @@ impl LakeWriter {
             version = manifest.version,
             files = manifest.files.len(),
             event_ids = seen.len(),
+            days = seen.resident_days(),
             "opened lake"
         );
         Ok(LakeWriter {
@@ -107,6 +117,7 @@ impl LakeWriter {
             manifest: Arc::new(manifest),
             known_files,
             seen,
+            late: BTreeMap::new(),
             reject_lines,
             events: EventBatchBuilder::new(),
             rejects: RejectBatchBuilder::new(),
@@ -183,6 +194,12 @@ impl LakeWriter {
         self.stats
     }
 
+    /// The `event_id`s held in memory for de-duplication, and the first
+    /// day they cover (days since 1970-01-01; `None` while every day is).
+    pub fn ids_in_memory(&self) -> (usize, Option<i32>) {
+        (self.seen.len(), self.seen.cutoff())
+    }
+
     pub fn buffered_rows(&self) -> usize {
         self.buffered_rows
     }
@@ -229,7 +246,18 @@ impl LakeWriter {
         let outcome = match decode(payload) {
             Ok(ev) => {
                 let fresh = match ev.event_id.as_deref() {
-                    Some(id) if !id.is_empty() => self.seen.insert(id),
+                    Some(id) if !id.is_empty() => {
+                        let day = day_of(ev.ts_us);
+                        match self.seen.insert(day, id) {
+                            Seen::New => true,
+                            Seen::Duplicate => false,
+                            Seen::Unknown => self
+                                .late
+                                .entry(day)
+                                .or_default()
+                                .insert(id.to_string()),
+                        }
+                    }
                     _ => true,
                 };
                 if fresh {
@@ -349,14 +377,16 @@ impl LakeWriter {
     /// Reloads the newest manifest; returns the ids of the files in it we
     /// did not know, without adding them to `seen`, and the line keys of
     /// the rejects in them that came from files.
-    async fn load_unknown(&mut self) -> Result<(EventIdSet, HashSet<u128>)> {
+    async fn load_unknown(&mut self) -> Result<(RecentIds, HashSet<u128>)> {
         let latest = self.lake.latest().await?;
         let unknown: Vec<&DataFile> = latest
             .files
             .iter()
             .filter(|f| !self.known_files.contains(&f.path))
             .collect();
-        let mut fresh = EventIdSet::new();
+        // Every day of them: our buffered events of any day are checked
+        // against them.
+        let mut fresh = RecentIds::new();
         self.lake.load_event_ids(&unknown, &mut fresh).await?;
         let mut lines = HashSet::new();
         self.lake.load_reject_lines(&unknown, &mut lines).await?;
@@ -446,6 +476,7 @@ impl LakeWriter {
         self.buffered_rows = 0;
         self.buffered_bytes = 0;
         self.first_buffered = None;
+        events = self.drop_late_duplicates(events).await?;
 
         loop {
             let mut files = self.lake.write(Table::LeaseEvents, &events).await?;
@@ -467,6 +498,11 @@ impl LakeWriter {
                     report.version = m.version;
                     report.files = files;
                     self.manifest = Arc::new(m);
+                    // The late ids are in the lake now, where the next
+                    // late duplicate is looked up; the buffer's recent ids
+                    // are committed, so days may leave memory.
+                    self.late.clear();
+                    self.seen.evict();
                     debug!(
                         version = report.version,
                         events = report.events,
@@ -507,6 +543,9 @@ impl LakeWriter {
                         // partition is consumed again they are new.
                         for id in &dropped_ids {
                             self.seen.remove(id);
+                            for ids in self.late.values_mut() {
+                                ids.remove(id);
+                            }
                         }
                         self.stats.events -= dropped_ids.len() as u64;
                         events = kept;
@@ -528,7 +567,7 @@ impl LakeWriter {
                     self.seen.merge(&fresh);
                     if !fresh.is_empty() {
                         let before = events.num_rows();
-                        events = drop_ids(&events, &fresh)?;
+                        events = drop_ids(&events, |id| fresh.contains(id))?;
                         if let Some(f) = &mut self.fanout {
                             f.retain_events(|ev, _| {
                                 !ev.event_id
@@ -550,6 +589,55 @@ impl LakeWriter {
         }
     }
 
+    /// Drops the buffered events of days no longer in memory whose ids the
+    /// lake already holds: each day's ids are looked up in that day's
+    /// files ([`Lake::find_event_ids`]).
+    async fn drop_late_duplicates(&mut self, events: RecordBatch) -> Result<RecordBatch> {
+        if self.late.is_empty() {
+            return Ok(events);
+        }
+        // The newest snapshot, not the writer's: compaction may have
+        // replaced (and vacuum deleted) the day's files since.
+        let latest = self.lake.latest().await?;
+        let mut found: HashSet<String> = HashSet::new();
+        for (day, ids) in &self.late {
+            let files: Vec<&DataFile> = latest
+                .files_of(Table::LeaseEvents)
+                .filter(|f| day_of(f.min_ts_us) == *day)
+                .collect();
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            found.extend(self.lake.find_event_ids(&files, &ids).await?);
+        }
+        debug!(
+            late = self.late.values().map(HashSet::len).sum::<usize>(),
+            duplicates = found.len(),
+            "checked events of days not in memory against the lake"
+        );
+        if found.is_empty() {
+            return Ok(events);
+        }
+        let before = events.num_rows();
+        let events = drop_ids(&events, |id| found.contains(id))?;
+        if let Some(f) = &mut self.fanout {
+            f.retain_events(|ev, _| {
+                !ev.event_id
+                    .as_deref()
+                    .is_some_and(|id| !id.is_empty() && found.contains(id))
+            });
+        }
+        let dropped = (before - events.num_rows()) as u64;
+        self.stats.duplicates += dropped;
+        self.stats.events -= dropped;
+        if let Some(m) = &self.metrics {
+            IngestMetrics::add(&m.duplicates, dropped);
+            m.events.fetch_sub(dropped, std::sync::atomic::Ordering::Relaxed);
+        }
+        for ids in self.late.values_mut() {
+            ids.retain(|id| !found.contains(id));
+        }
+        Ok(events)
+    }
+
     /// Forgets everything buffered (after a failed flush) and reloads the
     /// lake's state, so that consumption restarts from the lake's offsets
     /// and de-duplication matches what is committed.
@@ -569,6 +657,7 @@ impl LakeWriter {
         self.manifest = fresh.manifest;
         self.known_files = fresh.known_files;
         self.seen = fresh.seen;
+        self.late.clear();
         self.reject_lines = fresh.reject_lines;
         Ok(())
     }
@@ -637,14 +726,15 @@ fn drop_lines(rejects: &RecordBatch, lines: &HashSet<u128>) -> Result<RecordBatc
     Ok(parquet_io::filter_rows(rejects, &keep)?)
 }
 
-fn drop_ids(batch: &RecordBatch, ids: &EventIdSet) -> Result<RecordBatch> {
+/// Removes the events whose id `drop` names.
+fn drop_ids(batch: &RecordBatch, drop: impl Fn(&str) -> bool) -> Result<RecordBatch> {
     let col = batch
         .column_by_name("event_id")
         .expect("event_id")
         .as_string::<i32>();
     let keep: Vec<bool> = col
         .iter()
-        .map(|id| !id.is_some_and(|id| !id.is_empty() && ids.contains(id)))
+        .map(|id| !id.is_some_and(|id| !id.is_empty() && drop(id)))
         .collect();
     Ok(parquet_io::filter_rows(batch, &keep)?)
 }

@@ -259,3 +259,144 @@ async fn a_reset_forgets_what_was_buffered() {
     w.flush().await.unwrap();
     assert_eq!(fanned_out(&mut rx), vec!["lost".to_string()]);
 }
+
+fn event_on(day: &str, id: &str) -> Vec<u8> {
+    format!(
+        r#"{{"ts":"{day}T10:00:00Z","kind":"renewed","source":"holder","lease_id":"l/1","holder_id":"h","fencing_token":1,"event_id":"{id}"}}"#
+    )
+    .into_bytes()
+}
+
+async fn event_ids(lake: &Lake) -> Vec<String> {
+    use arrow::array::AsArray;
+    let m = lake.latest().await.unwrap();
+    let batch = lake.read_table(&m, Table::LeaseEvents).await.unwrap();
+    let mut ids: Vec<String> = batch
+        .column_by_name("event_id")
+        .unwrap()
+        .as_string::<i32>()
+        .iter()
+        .flatten()
+        .map(str::to_string)
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn day_number(day: &str) -> i32 {
+    let d = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").unwrap();
+    (d - chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap()).num_days() as i32
+}
+
+/// Memory holds the ids of the newest day and the two before it; a
+/// duplicate of an older day, days later, is found in that day's files.
+#[tokio::test]
+async fn a_duplicate_days_after_its_original_left_memory_is_still_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let mut w = LakeWriter::open(lake.clone()).await.unwrap();
+    let mut offset = 0;
+    let mut push = |w: &mut LakeWriter, payload: Vec<u8>| {
+        offset += 1;
+        w.push(&payload, kafka(0, offset))
+    };
+    for i in 0..50 {
+        assert_eq!(
+            push(&mut w, event_on("2026-09-01", &format!("old-{i}"))),
+            Pushed::Event
+        );
+    }
+    w.flush().await.unwrap();
+    assert_eq!(w.ids_in_memory(), (50, Some(day_number("2026-08-30"))));
+    // Five days on: 2026-09-01 leaves memory.
+    for i in 0..10 {
+        push(&mut w, event_on("2026-09-06", &format!("new-{i}")));
+    }
+    w.flush().await.unwrap();
+    assert_eq!(w.ids_in_memory(), (10, Some(day_number("2026-09-04"))));
+
+    // Redelivered a week later: unknown to memory when pushed, found in
+    // the lake at the commit. Twice in one buffer, and a genuinely new
+    // late event beside them.
+    let before = w.stats().duplicates;
+    push(&mut w, event_on("2026-09-01", "old-7"));
+    push(&mut w, event_on("2026-09-01", "old-7"));
+    assert_eq!(
+        push(&mut w, event_on("2026-09-01", "late-but-new")),
+        Pushed::Event
+    );
+    let report = w.flush().await.unwrap();
+    assert_eq!(report.events, 1);
+    assert_eq!(w.stats().duplicates - before, 2);
+    assert_eq!(event_ids(&lake).await.len(), 61);
+    // Memory still holds only the recent days.
+    assert_eq!(w.ids_in_memory().0, 10);
+
+    // A restarted writer loads only the recent days' ids, and still drops
+    // the old duplicate, and the late one it committed last.
+    drop(w);
+    let mut w = LakeWriter::open(lake.clone()).await.unwrap();
+    assert_eq!(w.ids_in_memory(), (10, Some(day_number("2026-09-04"))));
+    assert_eq!(
+        w.push(&event_on("2026-09-01", "old-3"), kafka(0, 100)),
+        Pushed::Event
+    );
+    w.push(&event_on("2026-09-01", "late-but-new"), kafka(0, 101));
+    assert_eq!(
+        w.push(&event_on("2026-09-06", "new-3"), kafka(0, 102)),
+        Pushed::Duplicate
+    );
+    let report = w.flush().await.unwrap();
+    assert_eq!(report.events, 0);
+    assert_eq!(w.manifest().next_offset("t", 0), Some(103));
+    let ids = event_ids(&lake).await;
+    assert_eq!(ids.len(), 61);
+    let mut distinct = ids.clone();
+    distinct.dedup();
+    assert_eq!(distinct, ids);
+}
+
+/// The old day's files were merged by compaction (and the replaced ones
+/// vacuumed) before the duplicate came: it is found in the merged file.
+#[tokio::test]
+async fn a_duplicate_arriving_after_its_day_was_compacted_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let mut w = LakeWriter::open(lake.clone()).await.unwrap();
+    let mut offset = 0;
+    for batch in 0..4 {
+        for i in 0..25 {
+            offset += 1;
+            w.push(
+                &event_on("2026-09-01", &format!("b{batch}-{i}")),
+                kafka(0, offset),
+            );
+        }
+        w.flush().await.unwrap();
+    }
+    for i in 0..5 {
+        offset += 1;
+        w.push(&event_on("2026-09-10", &format!("later-{i}")), kafka(0, offset));
+    }
+    w.flush().await.unwrap();
+    let report = lake
+        .compact(&leaseline_lake::CompactionPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(report.merged_files, 4);
+    lake.vacuum(std::time::Duration::ZERO).await.unwrap();
+    let m = lake.latest().await.unwrap();
+    assert_eq!(
+        m.files_of(Table::LeaseEvents)
+            .filter(|f| f.path.contains("date=2026-09-01"))
+            .count(),
+        1
+    );
+
+    w.refresh().await.unwrap();
+    offset += 1;
+    w.push(&event_on("2026-09-01", "b2-13"), kafka(0, offset));
+    let report = w.flush().await.unwrap();
+    assert_eq!(report.events, 0);
+    assert_eq!(event_ids(&lake).await.len(), 105);
+}

@@ -228,6 +228,67 @@ impl EventIdSet {
 mod tests {
     use super::*;
 
+    const DAY: i64 = 86_400_000_000;
+
+    #[test]
+    fn days_are_utc_days_also_before_1970() {
+        assert_eq!(day_of(0), 0);
+        assert_eq!(day_of(DAY - 1), 0);
+        assert_eq!(day_of(DAY), 1);
+        assert_eq!(day_of(-1), -1);
+    }
+
+    #[test]
+    fn the_window_is_the_newest_day_and_the_two_before_once_committed() {
+        let mut ids = RecentIds::new();
+        assert_eq!(ids.insert(20_000, "a"), Seen::New);
+        assert_eq!(ids.insert(20_000, "a"), Seen::Duplicate);
+        // Before anything was evicted every day is in memory, whatever
+        // its age.
+        assert_eq!(ids.insert(19_000, "old"), Seen::New);
+        assert_eq!(ids.insert(20_005, "b"), Seen::New);
+        // Nothing leaves memory until the caller says the buffer is
+        // committed.
+        assert_eq!(ids.insert(19_000, "old"), Seen::Duplicate);
+        ids.evict();
+        assert_eq!(ids.cutoff(), Some(20_003));
+        assert_eq!(ids.len(), 1);
+        assert_eq!(ids.insert(20_000, "a"), Seen::Unknown);
+        assert_eq!(ids.insert(20_003, "c"), Seen::New);
+        // One id is one id whichever resident day it comes under.
+        assert_eq!(ids.insert(20_004, "c"), Seen::Duplicate);
+        // The window never moves back.
+        ids.evict();
+        assert_eq!(ids.cutoff(), Some(20_003));
+    }
+
+    #[test]
+    fn a_far_future_timestamp_does_not_evict_today() {
+        let today = day_of(chrono::Utc::now().timestamp_micros());
+        let mut ids = RecentIds::starting_at(Some(today));
+        assert_eq!(ids.insert(today, "now"), Seen::New);
+        assert_eq!(ids.insert(today + 365 * 30, "skewed"), Seen::New);
+        ids.evict();
+        assert_eq!(ids.cutoff(), Some(today + 1 - RESIDENT_DAYS));
+        assert_eq!(ids.insert(today, "now"), Seen::Duplicate);
+    }
+
+    #[test]
+    fn a_writer_opening_on_a_lake_leaves_out_the_old_days() {
+        let mut ids = RecentIds::starting_at(Some(20_010));
+        assert!(!ids.is_resident(20_007));
+        assert!(ids.is_resident(20_008));
+        ids.add(20_007, "x");
+        assert_eq!(ids.len(), 0);
+        assert_eq!(ids.insert(20_007, "x"), Seen::Unknown);
+        let mut all = RecentIds::new();
+        all.add(20_007, "x");
+        all.add(20_009, "y");
+        ids.merge(&all);
+        assert_eq!(ids.len(), 1);
+        assert!(ids.contains("y") && !ids.contains("x"));
+    }
+
     #[test]
     fn insert_reports_duplicates() {
         let mut s = EventIdSet::new();
@@ -283,5 +344,156 @@ mod tests {
         assert!(s.removed.is_empty());
         assert!(!s.contains(&old));
         assert!(s.sorted.windows(2).all(|w| w[0] < w[1]));
+    }
+}
+
+/// Days, counted back from the newest, whose `event_id`s an ingester keeps
+/// in memory: that day and the [`RESIDENT_DAYS`] before it.
+///
+/// A duplicate carries its original's `ts`, so it belongs to the same
+/// `date` partition. Kafka redelivery, a producer's retry and an emitter
+/// replaying its spool all bring duplicates within minutes or hours of the
+/// original; three days cover those and a weekend-long outage of an
+/// emitter with memory to spare (about 16 bytes an id; a fleet of 1,000
+/// leases renewing every few seconds is some tens of millions of ids a
+/// day). An event of an older day is checked against that day's files
+/// when its batch is committed ([`crate::Lake::find_event_ids`]): exact
+/// too, and costly only for the rare event that late.
+pub const RESIDENT_DAYS: i32 = 2;
+
+/// Microseconds in a day.
+const DAY_US: i64 = 86_400_000_000;
+
+/// The `date` partition (days since 1970-01-01, UTC) of a timestamp.
+pub fn day_of(ts_us: i64) -> i32 {
+    ts_us.div_euclid(DAY_US) as i32
+}
+
+/// The `event_id`s of the lake's recent days, by day.
+///
+/// Invariant: every id the lake holds for a day at or after
+/// [`RecentIds::cutoff`] is in memory (the writer loads those days' files
+/// and adds what it commits); ids of earlier days are not, and a lookup of
+/// such a day is [`Seen::Unknown`]. Ids of one day are found whichever
+/// resident day they are looked up under, so a duplicate whose `ts`
+/// differs from its original is still caught while both are resident.
+#[derive(Debug, Default)]
+pub struct RecentIds {
+    days: std::collections::BTreeMap<i32, EventIdSet>,
+    /// None: nothing has been evicted, every day is resident.
+    cutoff: Option<i32>,
+}
+
+/// What [`RecentIds`] knows of an id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    New,
+    Duplicate,
+    /// Its day is no longer in memory: the lake must be asked.
+    Unknown,
+}
+
+/// The newest day a window may start from: a far-future timestamp (a
+/// skewed clock) must not evict every real day, so the newest day counts
+/// for at most tomorrow, by this machine's clock.
+fn clamp_newest(day: i32) -> i32 {
+    day.min(day_of(chrono::Utc::now().timestamp_micros()) + 1)
+}
+
+impl RecentIds {
+    /// A set where every day is resident (nothing loaded yet).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The set of a writer opening on a lake whose newest event file is of
+    /// `newest_day`: the days before the window are not in memory.
+    pub fn starting_at(newest_day: Option<i32>) -> Self {
+        RecentIds {
+            days: Default::default(),
+            cutoff: newest_day.map(|d| clamp_newest(d) - RESIDENT_DAYS),
+        }
+    }
+
+    /// The first day in memory, if days before it were left out.
+    pub fn cutoff(&self) -> Option<i32> {
+        self.cutoff
+    }
+
+    pub fn is_resident(&self, day: i32) -> bool {
+        self.cutoff.is_none_or(|c| day >= c)
+    }
+
+    pub fn contains(&self, event_id: &str) -> bool {
+        let key = EventIdSet::key(event_id);
+        self.days.values().any(|s| s.contains_key(key))
+    }
+
+    /// Records an id of `day`; what was known of it before.
+    pub fn insert(&mut self, day: i32, event_id: &str) -> Seen {
+        if !self.is_resident(day) {
+            return Seen::Unknown;
+        }
+        let key = EventIdSet::key(event_id);
+        if self.days.values().any(|s| s.contains_key(key)) {
+            return Seen::Duplicate;
+        }
+        self.days.entry(day).or_default().insert_key(key);
+        Seen::New
+    }
+
+    /// Adds an id the lake holds for `day`, if the day is resident.
+    pub fn add(&mut self, day: i32, event_id: &str) {
+        if self.is_resident(day) {
+            self.days
+                .entry(day)
+                .or_default()
+                .insert_key(EventIdSet::key(event_id));
+        }
+    }
+
+    pub fn remove(&mut self, event_id: &str) {
+        for s in self.days.values_mut() {
+            s.remove(event_id);
+        }
+    }
+
+    /// Adds the resident days' ids of `other`.
+    pub fn merge(&mut self, other: &RecentIds) {
+        for (day, ids) in &other.days {
+            if self.is_resident(*day) {
+                self.days.entry(*day).or_default().merge(ids);
+            }
+        }
+    }
+
+    /// Drops the days that fell out of the window ending at the newest
+    /// day held. Called once what was inserted is committed: a day evicted
+    /// while its ids were only in a writer's buffer would let a duplicate
+    /// of them through.
+    pub fn evict(&mut self) {
+        let Some(newest) = self.days.keys().next_back().copied() else {
+            return;
+        };
+        let start = clamp_newest(newest) - RESIDENT_DAYS;
+        if self.cutoff.is_some_and(|c| c >= start) {
+            return;
+        }
+        self.cutoff = Some(start);
+        self.days = self.days.split_off(&start);
+    }
+
+    /// Ids in memory.
+    pub fn len(&self) -> usize {
+        self.days.values().map(EventIdSet::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Days in memory.
+    pub fn resident_days(&self) -> usize {
+        self.days.len()
     }
 }

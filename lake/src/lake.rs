@@ -9,7 +9,7 @@ use arrow::array::{AsArray, RecordBatch};
 use chrono::Utc;
 use tracing::{debug, info, warn};
 
-use crate::dedup::EventIdSet;
+use crate::dedup::{day_of, RecentIds};
 use crate::delta;
 use crate::error::{LakeError, Result};
 use crate::manifest::{Change, DataFile, Manifest, Table};
@@ -337,19 +337,82 @@ impl Lake {
         }
     }
 
-    /// Adds the `event_id`s of the given event files to `ids`.
-    pub async fn load_event_ids(&self, files: &[&DataFile], ids: &mut EventIdSet) -> Result<()> {
+    /// Adds the `event_id`s of the given event files to `ids`, those of
+    /// days `ids` keeps in memory (a file holds one `date` partition).
+    pub async fn load_event_ids(&self, files: &[&DataFile], ids: &mut RecentIds) -> Result<()> {
         for f in files.iter().filter(|f| f.table == Table::LeaseEvents) {
+            let day = day_of(f.min_ts_us);
+            if !ids.is_resident(day) {
+                continue;
+            }
             for b in parquet_io::read_columns(&self.store, &f.path, &["event_id"]).await? {
                 let col = b.column(0).as_string::<i32>();
                 for id in col.iter().flatten() {
                     if !id.is_empty() {
-                        ids.insert(id);
+                        ids.add(day, id);
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Which of `ids` the given event files hold. A file's bloom filter on
+    /// `event_id` rules out, without reading rows, the row groups that hold
+    /// none of them; the `event_id` column of the rest is read to be sure.
+    /// Only the footer, the filters and those columns are fetched.
+    pub async fn find_event_ids(
+        &self,
+        files: &[&DataFile],
+        ids: &[&str],
+    ) -> Result<HashSet<String>> {
+        use futures::TryStreamExt;
+        use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+        let mut found = HashSet::new();
+        if ids.is_empty() {
+            return Ok(found);
+        }
+        let wanted: HashSet<&str> = ids.iter().copied().collect();
+        for f in files.iter().filter(|f| f.table == Table::LeaseEvents) {
+            let reader = parquet_io::RangeReader::new(&self.store, &f.path, f.bytes);
+            let mut builder = ParquetRecordBatchStreamBuilder::new(reader).await?;
+            let column = builder
+                .parquet_schema()
+                .columns()
+                .iter()
+                .position(|c| c.name() == "event_id");
+            let mut groups = Vec::new();
+            for rg in 0..builder.metadata().num_row_groups() {
+                let maybe = match column {
+                    Some(c) => match builder.get_row_group_column_bloom_filter(rg, c).await? {
+                        Some(bloom) => ids.iter().any(|id| bloom.check(*id)),
+                        None => true,
+                    },
+                    None => true,
+                };
+                if maybe {
+                    groups.push(rg);
+                }
+            }
+            if groups.is_empty() {
+                continue;
+            }
+            let mask = ProjectionMask::columns(builder.parquet_schema(), ["event_id"]);
+            let mut stream = builder
+                .with_row_groups(groups)
+                .with_projection(mask)
+                .build()?;
+            while let Some(b) = stream.try_next().await? {
+                let b = parquet_io::from_storage(b)?;
+                let col = b.column(0).as_string::<i32>();
+                for id in col.iter().flatten() {
+                    if wanted.contains(id) {
+                        found.insert(id.to_string());
+                    }
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// Adds the identity of every reject in `files`: its

@@ -31,7 +31,9 @@ pub mod parquet_io;
 mod pending;
 mod store;
 
-pub use crate::dedup::{kafka_key, line_key, EventIdSet, Origins};
+pub use crate::dedup::{
+    day_of, kafka_key, line_key, EventIdSet, Origins, RecentIds, Seen, RESIDENT_DAYS,
+};
 pub use crate::error::{LakeError, Result};
 pub use crate::lake::{CompactionPolicy, CompactionReport, Lake};
 pub use crate::manifest::{Change, DataFile, KafkaRange, Manifest, Offsets, Table, TableChange};

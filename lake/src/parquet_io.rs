@@ -4,6 +4,8 @@
 use arrow::array::{AsArray, RecordBatch, UInt32Array};
 use arrow::compute::{concat_batches, lexsort_to_indices, take_record_batch, SortColumn};
 use arrow::datatypes::{DataType, TimestampMicrosecondType};
+use std::sync::Arc;
+
 use bytes::Bytes;
 use leaseline_schema::{
     ALERTS_SCHEMA, EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY,
@@ -288,4 +290,75 @@ pub fn concat(table: Table, batches: &[RecordBatch]) -> Result<RecordBatch> {
 pub fn filter_rows(batch: &RecordBatch, keep: &[bool]) -> Result<RecordBatch> {
     let mask = arrow::array::BooleanArray::from(keep.to_vec());
     Ok(arrow::compute::filter_record_batch(batch, &mask)?)
+}
+
+/// One file of the lake read in ranges, for the async Parquet reader: the
+/// footer, a bloom filter or a column chunk is fetched alone, never the
+/// whole object.
+pub struct RangeReader {
+    store: Arc<dyn object_store::ObjectStore>,
+    path: object_store::path::Path,
+    size: u64,
+}
+
+impl RangeReader {
+    pub fn new(store: &LakeStore, rel: &str, size: u64) -> Self {
+        RangeReader {
+            store: store.object_store(),
+            path: store.path(rel),
+            size,
+        }
+    }
+}
+
+fn external(e: object_store::Error) -> parquet::errors::ParquetError {
+    parquet::errors::ParquetError::External(Box::new(e))
+}
+
+impl parquet::arrow::async_reader::AsyncFileReader for RangeReader {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        use futures::FutureExt;
+        use object_store::ObjectStoreExt;
+        async move {
+            self.store
+                .get_range(&self.path, range)
+                .await
+                .map_err(external)
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<std::ops::Range<u64>>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        use futures::FutureExt;
+        async move {
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(external)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a parquet::arrow::arrow_reader::ArrowReaderOptions>,
+    ) -> futures::future::BoxFuture<'a, parquet::errors::Result<Arc<parquet::file::metadata::ParquetMetaData>>>
+    {
+        use futures::FutureExt;
+        async move {
+            let size = self.size;
+            let metadata = parquet::file::metadata::ParquetMetaDataReader::new()
+                .with_arrow_reader_options(options)
+                .load_and_finish(&mut *self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
+    }
 }
