@@ -332,3 +332,69 @@ fn a_lake_on_s3_takes_concurrent_writers_and_other_engines_read_it() {
         count(at, "lease_alerts")
     );
 }
+
+/// `compact --keep-events` removes the UTC days wholly older than the
+/// retention from `lease_events` and `lease_rejects`, and the audit's rows
+/// go with them; other engines read the same.
+#[test]
+fn days_past_the_event_retention_leave_the_lake_with_what_they_derived() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let now = chrono::Utc::now();
+    let old = (now - chrono::Duration::days(40)).format("%Y-%m-%dT10:00:00Z");
+    let recent = (now - chrono::Duration::days(1)).format("%Y-%m-%dT10:00:00Z");
+    let lines = [
+        format!(
+            r#"{{"ts":"{old}","kind":"acquired","source":"coordinator","lease_id":"old/1","holder_id":"a","fencing_token":1,"ttl_ms":10000,"event_id":"o1"}}"#
+        ),
+        format!(
+            r#"{{"ts":"{old}","kind":"released","source":"holder","lease_id":"old/1","holder_id":"a","fencing_token":1,"event_id":"o2"}}"#
+        ),
+        format!(
+            r#"{{"ts":"{recent}","kind":"acquired","source":"coordinator","lease_id":"new/1","holder_id":"b","fencing_token":1,"ttl_ms":10000,"event_id":"n1"}}"#
+        ),
+        format!(
+            r#"{{"ts":"{recent}","kind":"released","source":"holder","lease_id":"new/1","holder_id":"b","fencing_token":1,"event_id":"n2"}}"#
+        ),
+    ];
+    let input = dir.path().join("days.ndjson");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    import(&lake, &[input.as_path()], &[]);
+    let grants = "SELECT lease_id FROM lease_timeline ORDER BY lease_id";
+    assert_eq!(sql(&lake, grants, "csv"), "lease_id\nnew/1\nold/1\n");
+
+    // Kept forever by default: nothing goes.
+    run_ok(leaseline().args(["compact", "--lake", lake.to_str().unwrap()]));
+    assert_eq!(count(&lake, "lease_events"), 4);
+
+    let out = run_ok(leaseline().args([
+        "compact",
+        "--lake",
+        lake.to_str().unwrap(),
+        "--keep-events",
+        "30d",
+    ]));
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(out.contains("removed 2 rows in 1 files"), "{out}");
+    assert_eq!(count(&lake, "lease_events"), 2);
+    assert_eq!(sql(&lake, grants, "csv"), "lease_id\nnew/1\n");
+    assert_eq!(
+        sql(&lake, "SELECT count(*) AS n FROM lease_violations", "csv"),
+        "n\n0\n"
+    );
+    assert_eq!(readers(&lake, "lease_events"), 2);
+
+    let bad = leaseline()
+        .args([
+            "compact",
+            "--lake",
+            lake.to_str().unwrap(),
+            "--keep-events",
+            "soon",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("neither \"forever\" nor a duration"), "{err}");
+}

@@ -496,6 +496,10 @@ enum Command {
         /// Keep replaced files this long before deleting them (e.g. `1h`, `0s`).
         #[arg(long, env = "LEASELINE_COMPACTION_RETENTION", value_parser = humantime::parse_duration)]
         retention: Option<Duration>,
+        /// Remove the days of `lease_events` and `lease_rejects` older than
+        /// this (e.g. `90d`), or `forever` to keep them.
+        #[arg(long, env = "LEASELINE_KEEP_EVENTS")]
+        keep_events: Option<leaseline_ingest::Keep>,
     },
     /// Convert a lake of the format before Delta tables (`_manifest/`) into
     /// Delta tables, in place, with the same rows (see docs/upgrading.md).
@@ -789,6 +793,7 @@ async fn run(
             lake,
             target_file_bytes,
             retention,
+            keep_events,
         } => {
             if let Some(t) = target_file_bytes {
                 cfg.compaction.target_file_bytes = t;
@@ -796,7 +801,18 @@ async fn run(
             if let Some(r) = retention {
                 cfg.compaction.retention = r;
             }
+            if let Some(k) = keep_events {
+                cfg.compaction.keep_events = k;
+            }
             let lake = lake.open_existing(&cfg).await?;
+            if let Some(first) = cfg
+                .compaction
+                .keep_events
+                .first_day_kept(chrono::Utc::now())
+            {
+                let (files, rows) = lake.expire(first).await?;
+                println!("removed {rows} rows in {files} files of the days before {first}");
+            }
             let report = lake.compact(&policy(&cfg.compaction)).await?;
             let deleted = lake.vacuum(cfg.compaction.retention).await?;
             println!(
@@ -873,6 +889,11 @@ pub(crate) async fn ingest_until(
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     _ = tick.tick() => {}
+                }
+                if let Some(first) = c.keep_events.first_day_kept(chrono::Utc::now()) {
+                    if let Err(e) = lake.expire(first).await {
+                        error!(error = %e, "removing expired days failed; will retry");
+                    }
                 }
                 if let Err(e) = lake.compact(&policy(&c)).await {
                     error!(error = %e, "compaction failed; will retry");

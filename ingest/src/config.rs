@@ -62,6 +62,10 @@ pub struct CompactionConfig {
     /// deletes it.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
+    /// How long `lease_events` and `lease_rejects` keep a day: a `date`
+    /// partition is removed once all of it is older than this. Default
+    /// forever.
+    pub keep_events: Keep,
 }
 
 impl Default for CompactionConfig {
@@ -71,7 +75,55 @@ impl Default for CompactionConfig {
             interval: Duration::from_secs(60),
             target_file_bytes: ByteSize::mib(128),
             retention: Duration::from_secs(3600),
+            keep_events: Keep::Forever,
         }
+    }
+}
+
+/// How long to keep something: `"forever"` or a duration (`"90d"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    Forever,
+    For(Duration),
+}
+
+impl Keep {
+    /// The first UTC day to keep at `now`, if any day is to go: a day goes
+    /// once all of it is older than the duration.
+    pub fn first_day_kept(&self, now: chrono::DateTime<chrono::Utc>) -> Option<chrono::NaiveDate> {
+        match self {
+            Keep::Forever => None,
+            Keep::For(d) => {
+                let d = chrono::Duration::from_std(*d).ok()?;
+                Some(now.checked_sub_signed(d)?.date_naive())
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for Keep {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        if s.trim() == "forever" {
+            return Ok(Keep::Forever);
+        }
+        match humantime_serde::re::humantime::parse_duration(s) {
+            Ok(d) if d.is_zero() => Err(format!(
+                "{s:?} would keep nothing; give a duration such as \"90d\", or \"forever\""
+            )),
+            Ok(d) => Ok(Keep::For(d)),
+            Err(e) => Err(format!(
+                "{s:?} is neither \"forever\" nor a duration such as \"90d\": {e}"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Keep {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 

@@ -30,7 +30,7 @@ pub mod kafka;
 pub mod pipeline;
 mod writer;
 
-pub use crate::config::{is_secret_property, CompactionConfig, FlushPolicy, KafkaConfig};
+pub use crate::config::{is_secret_property, CompactionConfig, FlushPolicy, KafkaConfig, Keep};
 pub use crate::error::{IngestError, Result};
 pub use crate::fanout::{Committed, CommittedReceiver, Fanout, PartitionKey};
 pub use crate::hooks::{IngestHooks, IngestMetrics, InputPartition, Notice};

@@ -251,11 +251,9 @@ impl LakeWriter {
                         match self.seen.insert(day, id) {
                             Seen::New => true,
                             Seen::Duplicate => false,
-                            Seen::Unknown => self
-                                .late
-                                .entry(day)
-                                .or_default()
-                                .insert(id.to_string()),
+                            Seen::Unknown => {
+                                self.late.entry(day).or_default().insert(id.to_string())
+                            }
                         }
                     }
                     _ => true,
@@ -630,7 +628,8 @@ impl LakeWriter {
         self.stats.events -= dropped;
         if let Some(m) = &self.metrics {
             IngestMetrics::add(&m.duplicates, dropped);
-            m.events.fetch_sub(dropped, std::sync::atomic::Ordering::Relaxed);
+            m.events
+                .fetch_sub(dropped, std::sync::atomic::Ordering::Relaxed);
         }
         for ids in self.late.values_mut() {
             ids.retain(|id| !found.contains(id));

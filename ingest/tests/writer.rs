@@ -376,7 +376,10 @@ async fn a_duplicate_arriving_after_its_day_was_compacted_is_dropped() {
     }
     for i in 0..5 {
         offset += 1;
-        w.push(&event_on("2026-09-10", &format!("later-{i}")), kafka(0, offset));
+        w.push(
+            &event_on("2026-09-10", &format!("later-{i}")),
+            kafka(0, offset),
+        );
     }
     w.flush().await.unwrap();
     let report = lake

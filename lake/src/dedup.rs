@@ -1,11 +1,12 @@
-//! The set of `event_id`s already in the lake.
+//! The `event_id`s already in the lake, for de-duplication.
 //!
 //! Ids are kept as 128-bit xxh3 hashes: 16 bytes an id whatever its length,
 //! and a collision chance (about n²/2¹²⁹) that stays negligible for any lake
 //! this process can hold in memory.
 //!
-//! The set lives as long as the ingester and grows with the lake, so its
-//! size is the ingester's memory: a hash table alone costs 17 bytes a slot
+//! An ingester holds the ids of the lake's recent days only ([`RecentIds`],
+//! [`RESIDENT_DAYS`]); a day's set can still reach tens of millions of
+//! ids, so its layout is the ingester's memory: a hash table alone costs 17 bytes a slot
 //! at up to twice the slots it needs, and briefly both the old and the new
 //! table while it doubles (about 430 MiB at 10 million ids). Most ids
 //! therefore sit in a sorted vector, 16 bytes each, which grows in place,

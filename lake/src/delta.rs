@@ -34,8 +34,8 @@ use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, Transactio
 use deltalake::kernel::{Action, Add, DataType, Remove, StructField, StructType, Transaction};
 use deltalake::logstore::{default_logstore, StorageConfig};
 use deltalake::protocol::checkpoints::{cleanup_metadata, create_checkpoint};
-use deltalake::table::config::TablePropertiesExt;
 use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::table::config::TablePropertiesExt;
 use deltalake::{DeltaTable, DeltaTableError};
 use object_store::prefix::PrefixStore;
 use object_store::ObjectStore;
@@ -497,33 +497,39 @@ impl Loaded {
         }
         let now = Utc::now();
         let now_ms = now.timestamp_millis();
-        let compaction = !change.remove.is_empty();
+        let compaction = !change.remove.is_empty() && !change.deletes_rows;
         let mut actions: Vec<Action> = Vec::new();
         actions.extend(
             change
                 .remove
                 .iter()
-                .map(|f| Action::Remove(remove_action(f, false, now_ms))),
+                .map(|f| Action::Remove(remove_action(f, change.deletes_rows, now_ms))),
         );
         actions.extend(
-            change.add.iter().enumerate().map(|(i, f)| {
-                Action::Add(add_action(f, !compaction, now_ms, (expected + 1, i)))
-            }),
+            change
+                .add
+                .iter()
+                .enumerate()
+                .map(|(i, f)| Action::Add(add_action(f, !compaction, now_ms, (expected + 1, i)))),
         );
         let txns: Vec<Transaction> = change
             .txns
             .iter()
             .flat_map(|r: &KafkaRange| {
                 let lake = app_id(&r.topic, r.partition);
-                let group =
-                    (!group.is_empty()).then(|| group_app_id(group, &r.topic, r.partition));
+                let group = (!group.is_empty()).then(|| group_app_id(group, &r.topic, r.partition));
                 [Some(lake), group]
                     .into_iter()
                     .flatten()
                     .map(move |id| Transaction::new_with_last_update(id, r.end, Some(now_ms)))
             })
             .collect();
-        let operation = if compaction {
+        let operation = if change.deletes_rows {
+            let before = change.remove.iter().filter_map(DataFile::date).max();
+            DeltaOperation::Delete {
+                predicate: before.map(|d| format!("{PARTITION_COLUMN} <= '{d}'")),
+            }
+        } else if compaction {
             DeltaOperation::Optimize {
                 predicate: None,
                 target_size: change.add.iter().map(|f| f.bytes as i64).max().unwrap_or(0),
@@ -574,7 +580,9 @@ impl Loaded {
         state.files = Arc::new(files);
         state.committed_at = Some(now);
         for r in &change.txns {
-            state.txns.insert(app_id(&r.topic, r.partition), Some(r.end));
+            state
+                .txns
+                .insert(app_id(&r.topic, r.partition), Some(r.end));
         }
         Ok(version)
     }

@@ -529,6 +529,45 @@ impl Lake {
         Ok(report)
     }
 
+    /// Removes the `date` partitions of `lease_events` and `lease_rejects`
+    /// before `before` (a UTC day), rows and all, in one Delta commit per
+    /// table; vacuum deletes their files once the retention has passed.
+    /// Every answer derived from the events (the audit's tables, alerts
+    /// rebuilt from history) loses the rows with them. Returns the files
+    /// and rows removed.
+    pub async fn expire(&self, before: chrono::NaiveDate) -> Result<(usize, u64)> {
+        let before = before.format("%Y-%m-%d").to_string();
+        for _ in 0..100 {
+            let base = self.latest().await?;
+            let old: Vec<&DataFile> = base
+                .files
+                .iter()
+                .filter(|f| matches!(f.table, Table::LeaseEvents | Table::LeaseRejects))
+                .filter(|f| f.date().is_some_and(|d| d < before.as_str()))
+                .collect();
+            if old.is_empty() {
+                return Ok((0, 0));
+            }
+            let rows = old.iter().map(|f| f.rows).sum();
+            let change = Change::Expire {
+                remove: old.iter().map(|f| f.path.clone()).collect(),
+            };
+            match self.commit_tables(&base, &change).await {
+                Ok(_) => {
+                    info!(files = old.len(), rows, before = %before, "expired old partitions");
+                    return Ok((old.len(), rows));
+                }
+                // Ingest or compaction committed meanwhile: decide again.
+                Err((_, LakeError::Conflict { .. })) => continue,
+                Err((_, e)) => return Err(e),
+            }
+        }
+        Err(LakeError::Conflict {
+            version: 0,
+            reason: "expiry kept conflicting with other writers".into(),
+        })
+    }
+
     /// Deletes, in every table, the files compaction removed more than
     /// `retention` ago and the data files no version names that are older
     /// than that (left by a writer that died between writing and

@@ -21,6 +21,12 @@
 //!   and only their events are kept, since their rejects are committed.
 //! - A range that starts below what a table's `txn` already covers is
 //!   refused: a zombie writer can never add rows twice.
+//!
+//! Files leave a table two ways. Compaction removes files and adds the
+//! merged one in one commit (the rows stay). Expiry removes whole `date`
+//! partitions past the retention, rows and all. Both need every file they
+//! remove to still be there: two compactors, or a compactor and an expiry,
+//! never both remove one file.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -200,6 +206,9 @@ pub enum Change {
         remove: Vec<String>,
         add: Vec<DataFile>,
     },
+    /// Whole `date` partitions past the retention, removed with their
+    /// rows (of any tables).
+    Expire { remove: Vec<String> },
 }
 
 /// What one table's commit of a change holds.
@@ -208,6 +217,8 @@ pub struct TableChange {
     pub add: Vec<DataFile>,
     pub remove: Vec<DataFile>,
     pub txns: Vec<KafkaRange>,
+    /// The removed rows are gone, not rewritten into the added files.
+    pub deletes_rows: bool,
 }
 
 impl Change {
@@ -238,6 +249,13 @@ impl Change {
                 }
                 for f in add {
                     out.entry(f.table).or_default().add.push(f.clone());
+                }
+            }
+            Change::Expire { remove } => {
+                for f in base.files.iter().filter(|f| remove.contains(&f.path)) {
+                    let tc = out.entry(f.table).or_default();
+                    tc.remove.push(f.clone());
+                    tc.deletes_rows = true;
                 }
             }
         }
@@ -273,6 +291,14 @@ impl Change {
             }
             next.files.retain(|f| !remove.contains(&f.path));
             next.files.extend(add.iter().cloned());
+        }
+        if let Change::Expire { remove } = self {
+            for p in remove {
+                if !base.files.iter().any(|f| &f.path == p) {
+                    return Err(conflict(format!("{p} is no longer in the lake")));
+                }
+            }
+            next.files.retain(|f| !remove.contains(&f.path));
         }
         for (table, change) in &per_table {
             if let Some(done) = base.offsets_of(*table) {
@@ -437,6 +463,38 @@ mod tests {
             mixed.apply(&m1, Utc::now()),
             Err(LakeError::Conflict { .. })
         ));
+    }
+
+    #[test]
+    fn expiry_removes_rows_of_any_table_and_only_files_still_there() {
+        let mut m = lake();
+        m.files = vec![
+            file(Table::LeaseEvents, "old"),
+            file(Table::LeaseRejects, "old-r"),
+            file(Table::LeaseEvents, "new"),
+        ];
+        let c = Change::Expire {
+            remove: vec![m.files[0].path.clone(), m.files[1].path.clone()],
+        };
+        let per_table = c.per_table(&m);
+        assert_eq!(per_table.len(), 2);
+        assert!(per_table
+            .iter()
+            .all(|(_, tc)| tc.deletes_rows && tc.add.is_empty() && tc.remove.len() == 1));
+        let m1 = c.apply(&m, Utc::now()).unwrap();
+        assert_eq!(m1.files, vec![file(Table::LeaseEvents, "new")]);
+        assert_eq!(m1.version, m.version + 2);
+        // Compacted (or expired) meanwhile: decided again.
+        assert!(matches!(
+            c.apply(&m1, Utc::now()),
+            Err(LakeError::Conflict { .. })
+        ));
+        // A compaction keeps its rows.
+        let compact = Change::Compact {
+            remove: vec![m.files[2].path.clone()],
+            add: vec![file(Table::LeaseEvents, "merged")],
+        };
+        assert!(compact.per_table(&m).iter().all(|(_, tc)| !tc.deletes_rows));
     }
 
     #[test]

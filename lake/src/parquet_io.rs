@@ -348,8 +348,10 @@ impl parquet::arrow::async_reader::AsyncFileReader for RangeReader {
     fn get_metadata<'a>(
         &'a mut self,
         options: Option<&'a parquet::arrow::arrow_reader::ArrowReaderOptions>,
-    ) -> futures::future::BoxFuture<'a, parquet::errors::Result<Arc<parquet::file::metadata::ParquetMetaData>>>
-    {
+    ) -> futures::future::BoxFuture<
+        'a,
+        parquet::errors::Result<Arc<parquet::file::metadata::ParquetMetaData>>,
+    > {
         use futures::FutureExt;
         async move {
             let size = self.size;
