@@ -564,18 +564,7 @@ impl LakeWriter {
                     }
                     self.seen.merge(&fresh);
                     if !fresh.is_empty() {
-                        let before = events.num_rows();
-                        events = drop_ids(&events, |id| fresh.contains(id))?;
-                        if let Some(f) = &mut self.fanout {
-                            f.retain_events(|ev, _| {
-                                !ev.event_id
-                                    .as_deref()
-                                    .is_some_and(|id| !id.is_empty() && fresh.contains(id))
-                            });
-                        }
-                        let dropped = (before - events.num_rows()) as u64;
-                        self.stats.duplicates += dropped;
-                        self.stats.events -= dropped;
+                        events = self.drop_duplicates(&events, |id| fresh.contains(id))?;
                     }
                     if events.num_rows() == 0 && rejects.num_rows() == 0 && ranges.is_empty() {
                         return Ok(report);
@@ -585,6 +574,34 @@ impl LakeWriter {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Drops buffered events found to be duplicates after they were
+    /// counted as events: from the batch, from what consumers will be
+    /// sent, and from the counts.
+    fn drop_duplicates(
+        &mut self,
+        events: &RecordBatch,
+        is_duplicate: impl Fn(&str) -> bool,
+    ) -> Result<RecordBatch> {
+        let before = events.num_rows();
+        let kept = drop_ids(events, &is_duplicate)?;
+        if let Some(f) = &mut self.fanout {
+            f.retain_events(|ev, _| {
+                !ev.event_id
+                    .as_deref()
+                    .is_some_and(|id| !id.is_empty() && is_duplicate(id))
+            });
+        }
+        let dropped = (before - kept.num_rows()) as u64;
+        self.stats.duplicates += dropped;
+        self.stats.events -= dropped;
+        if let Some(m) = &self.metrics {
+            IngestMetrics::add(&m.duplicates, dropped);
+            m.events
+                .fetch_sub(dropped, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(kept)
     }
 
     /// Drops the buffered events of days no longer in memory whose ids the
@@ -614,23 +631,7 @@ impl LakeWriter {
         if found.is_empty() {
             return Ok(events);
         }
-        let before = events.num_rows();
-        let events = drop_ids(&events, |id| found.contains(id))?;
-        if let Some(f) = &mut self.fanout {
-            f.retain_events(|ev, _| {
-                !ev.event_id
-                    .as_deref()
-                    .is_some_and(|id| !id.is_empty() && found.contains(id))
-            });
-        }
-        let dropped = (before - events.num_rows()) as u64;
-        self.stats.duplicates += dropped;
-        self.stats.events -= dropped;
-        if let Some(m) = &self.metrics {
-            IngestMetrics::add(&m.duplicates, dropped);
-            m.events
-                .fetch_sub(dropped, std::sync::atomic::Ordering::Relaxed);
-        }
+        let events = self.drop_duplicates(&events, |id| found.contains(id))?;
         for ids in self.late.values_mut() {
             ids.retain(|id| !found.contains(id));
         }
