@@ -426,7 +426,10 @@ impl RecentIds {
     }
 
     pub fn contains(&self, event_id: &str) -> bool {
-        let key = EventIdSet::key(event_id);
+        self.holds(EventIdSet::key(event_id))
+    }
+
+    fn holds(&self, key: u128) -> bool {
         self.days.values().any(|s| s.contains_key(key))
     }
 
@@ -436,7 +439,7 @@ impl RecentIds {
             return Seen::Unknown;
         }
         let key = EventIdSet::key(event_id);
-        if self.days.values().any(|s| s.contains_key(key)) {
+        if self.holds(key) {
             return Seen::Duplicate;
         }
         self.days.entry(day).or_default().insert_key(key);
