@@ -409,13 +409,32 @@ impl Default for ViolationRule {
 }
 
 /// The `[metrics]` table: what `/metrics` labels by.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Lease ids starting with one of these get their own `lease_id` label
     /// on the lease counters; all others are counted per backend only, so
     /// the number of series stays bounded. Default: none.
     pub per_lease_prefixes: Vec<String>,
+    /// Distinct `backend` label values kept; events naming further backends
+    /// are counted under `backend="_other"`. Label values come from the
+    /// events, so without a cap one producer sending random backend names
+    /// would grow `/metrics` (and the process) without end. Default 100.
+    pub max_backends: usize,
+    /// Distinct leases given their own `lease_id` label (through
+    /// `per_lease_prefixes`); leases past the cap are counted per backend
+    /// only. Default 1000.
+    pub max_labelled_leases: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            per_lease_prefixes: Vec::new(),
+            max_backends: 100,
+            max_labelled_leases: 1000,
+        }
+    }
 }
 
 fn positive(name: &str, d: Duration) -> Result<()> {

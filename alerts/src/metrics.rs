@@ -4,9 +4,16 @@
 //! their number bounded by the number of lock services; a lease gets its
 //! own `lease_id` label only when its id starts with a prefix named in
 //! `[metrics] per_lease_prefixes`.
+//!
+//! Label values come from the events, which any producer writes, so both
+//! labels have a cap ([`LabelBudget`]): a value first seen after the cap is
+//! full is folded (`backend="_other"`, or no `lease_id` label) and counted
+//! in `leaseline_metric_labels_folded_total`. Values already admitted keep
+//! their series, so a burst of junk cannot move a real backend's counts.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -48,11 +55,47 @@ impl LeaseTotals {
     }
 }
 
+/// The backend value counted for backends past `[metrics] max_backends`.
+pub const OTHER_BACKEND: &str = "_other";
+
+/// The distinct values admitted for one label, at most `cap`, first come
+/// first kept.
+#[derive(Debug)]
+pub struct LabelBudget {
+    cap: usize,
+    admitted: Mutex<HashSet<String>>,
+}
+
+impl LabelBudget {
+    pub fn new(cap: usize) -> LabelBudget {
+        LabelBudget {
+            cap,
+            admitted: Mutex::default(),
+        }
+    }
+
+    /// Whether `value` has (or now gets) a series of its own.
+    pub fn admit(&self, value: &str) -> bool {
+        let mut set = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
+        if set.contains(value) {
+            return true;
+        }
+        if set.len() >= self.cap {
+            return false;
+        }
+        set.insert(value.to_string());
+        true
+    }
+}
+
 /// Every counter and gauge the alert engine and the delivery update. Cheap
 /// to clone: the families are shared.
 #[derive(Clone)]
 pub struct LeaseMetrics {
     prefixes: Vec<String>,
+    backends: Arc<LabelBudget>,
+    leases: Arc<LabelBudget>,
+    pub(crate) labels_folded: Family<Labels, Counter>,
     pub(crate) totals: Arc<LeaseTotals>,
     pub(crate) acquisition_latency: Family<Labels, Histogram, fn() -> Histogram>,
     pub(crate) acquisition_latency_p99: Family<Labels, FloatGauge>,
@@ -77,6 +120,9 @@ impl LeaseMetrics {
     pub fn new(cfg: &MetricsConfig) -> LeaseMetrics {
         LeaseMetrics {
             prefixes: cfg.per_lease_prefixes.clone(),
+            backends: Arc::new(LabelBudget::new(cfg.max_backends)),
+            leases: Arc::new(LabelBudget::new(cfg.max_labelled_leases)),
+            labels_folded: Family::default(),
             totals: Arc::default(),
             acquisition_latency: Family::new_with_constructor(latency_histogram),
             acquisition_latency_p99: Family::default(),
@@ -189,27 +235,116 @@ impl LeaseMetrics {
             "Alert updates dropped because a receiver's queue was full",
             self.queue_overflow.clone(),
         );
+        r.register(
+            "leaseline_metric_labels_folded",
+            "Lease counter updates whose backend or lease_id label value was past its cap ([metrics] max_backends, max_labelled_leases) and was folded (backend=\"_other\", or no lease_id label)",
+            self.labels_folded.clone(),
+        );
     }
 
     /// The label set of a lease counter: its backend, and its id when a
-    /// configured prefix asks for it.
+    /// configured prefix asks for it, each within its cap.
     pub(crate) fn lease_labels(&self, backend: Option<&str>, lease_id: &str) -> Labels {
-        let mut l = vec![("backend", backend.unwrap_or("").to_string())];
+        let mut l = self.backend_labels(backend);
         if self
             .prefixes
             .iter()
             .any(|p| lease_id.starts_with(p.as_str()))
         {
-            l.push(("lease_id", lease_id.to_string()));
+            if self.leases.admit(lease_id) {
+                l.push(("lease_id", lease_id.to_string()));
+            } else {
+                self.folded("lease_id");
+            }
         }
         l
     }
 
-    pub(crate) fn backend_labels(backend: Option<&str>) -> Labels {
-        vec![("backend", backend.unwrap_or("").to_string())]
+    /// The `backend` label, folded to [`OTHER_BACKEND`] past the cap.
+    pub(crate) fn backend_labels(&self, backend: Option<&str>) -> Labels {
+        let b = backend.unwrap_or("");
+        if self.backends.admit(b) {
+            vec![("backend", b.to_string())]
+        } else {
+            self.folded("backend");
+            vec![("backend", OTHER_BACKEND.to_string())]
+        }
+    }
+
+    fn folded(&self, label: &'static str) {
+        self.labels_folded
+            .get_or_create(&vec![("label", label.to_string())])
+            .inc();
     }
 
     pub(crate) fn receiver_labels(receiver: &str) -> Labels {
         vec![("receiver", receiver.to_string())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    fn series(m: &LeaseMetrics) -> String {
+        let mut r = Registry::default();
+        m.register(&mut r);
+        let mut out = String::new();
+        encode(&mut out, &r).unwrap();
+        out
+    }
+
+    #[test]
+    fn label_values_past_the_cap_are_folded_and_counted() {
+        let m = LeaseMetrics::new(&MetricsConfig {
+            per_lease_prefixes: vec!["db/".into()],
+            max_backends: 2,
+            max_labelled_leases: 1,
+        });
+        for b in ["etcd", "redis", "junk-1", "junk-2", "etcd"] {
+            m.renewals
+                .get_or_create(&m.lease_labels(Some(b), "x"))
+                .inc();
+        }
+        for lease in ["db/a", "db/b", "db/a"] {
+            m.renewals
+                .get_or_create(&m.lease_labels(Some("etcd"), lease))
+                .inc();
+        }
+        let text = series(&m);
+        let count = |needle: &str| {
+            text.lines()
+                .find(|l| l.starts_with(needle))
+                .map(|l| l.rsplit(' ').next().unwrap().to_string())
+        };
+        // Admitted values keep their own series, first come first kept.
+        assert_eq!(
+            count(r#"lease_renewals_total{backend="etcd"}"#).as_deref(),
+            Some("3")
+        );
+        assert_eq!(
+            count(r#"lease_renewals_total{backend="redis"}"#).as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            count(r#"lease_renewals_total{backend="_other"}"#).as_deref(),
+            Some("2")
+        );
+        assert!(!text.contains("junk"), "{text}");
+        assert_eq!(
+            count(r#"lease_renewals_total{backend="etcd",lease_id="db/a"}"#).as_deref(),
+            Some("2")
+        );
+        assert!(!text.contains("db/b"), "{text}");
+        assert_eq!(
+            count(r#"leaseline_metric_labels_folded_total{label="backend"}"#).as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            count(r#"leaseline_metric_labels_folded_total{label="lease_id"}"#).as_deref(),
+            Some("1")
+        );
     }
 }

@@ -32,7 +32,8 @@ pub struct Config {
     /// The alert rules, their thresholds, windows and severities, and the
     /// receivers (`[[alerts.receivers]]`).
     pub alerts: AlertsConfig,
-    /// What `/metrics` labels by (`per_lease_prefixes`).
+    /// What `/metrics` labels by (`per_lease_prefixes`, `max_backends`,
+    /// `max_labelled_leases`).
     pub metrics: MetricsConfig,
     /// OpenTelemetry export (`otlp_endpoint`, `metrics_interval`).
     pub telemetry: crate::telemetry::TelemetryConfig,

@@ -96,7 +96,7 @@ impl Observer for LeaseMetrics {
             _ => return,
         };
         family
-            .get_or_create(&LeaseMetrics::backend_labels(backend))
+            .get_or_create(&self.backend_labels(backend))
             .set(value);
     }
 
