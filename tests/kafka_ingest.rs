@@ -447,3 +447,137 @@ async fn on_s3_sigkills_and_a_group_of_two_lose_and_duplicate_nothing() {
     assert!(b.terminate(Duration::from_secs(30)).success());
     assert_exact(lake, "leases", &data, &landed);
 }
+
+/// A holder that emits through `leaseline-emit`: its messages are keyed by
+/// lease (so each lease stays on one partition), pass the decoder, and
+/// become the grants it reported, each event once.
+#[tokio::test(flavor = "multi_thread")]
+async fn events_from_the_emit_crate_land_once_keyed_by_lease() {
+    use leaseline_emit::{mono_ms, Emitter, KafkaSink, Kind, Source};
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic("emitted", 3).await;
+
+    let mut cfg = rdkafka::ClientConfig::new();
+    // One message per batch: see `Broker::producer` on tansu's fetch.
+    cfg.set("bootstrap.servers", &broker.addr)
+        .set("linger.ms", "0")
+        .set("batch.num.messages", "1");
+    let sink = KafkaSink::new(cfg, "emitted", 10_000).unwrap();
+    let holder = Emitter::new(Source::Holder, sink)
+        .holder_id("worker-1")
+        .backend("etcd");
+    const LEASES: u64 = 12;
+    for l in 0..LEASES {
+        let lease = format!("emit/{l}");
+        let sent = mono_ms();
+        holder
+            .event(Kind::Acquired, &lease)
+            .fencing_token(100 + l)
+            .ttl_ms(30_000)
+            .keepalive_sent_mono_ms(sent)
+            .send()
+            .unwrap();
+        for _ in 0..3 {
+            let sent = mono_ms();
+            holder
+                .event(Kind::Renewed, &lease)
+                .fencing_token(100 + l)
+                .ttl_ms(30_000)
+                .keepalive_sent_mono_ms(sent)
+                .latency_ms(1.5)
+                .send()
+                .unwrap();
+        }
+        holder
+            .event(Kind::Released, &lease)
+            .fencing_token(100 + l)
+            .send()
+            .unwrap();
+    }
+    holder.flush(Duration::from_secs(30)).unwrap();
+    let total = LEASES * 5;
+    assert_eq!((holder.sent(), holder.dropped()), (total, 0));
+
+    // Keyed by lease_id: every message's key is its lease, and one lease's
+    // messages share a partition.
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &broker.addr)
+        .set("group.id", "emit-check")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&["emitted"]).unwrap();
+    let mut partition_of = std::collections::HashMap::new();
+    let mut seen = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while seen < total && std::time::Instant::now() < deadline {
+        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.unwrap();
+        let ev = leaseline_schema::decode(m.payload().unwrap()).unwrap();
+        assert_eq!(m.key().unwrap(), ev.lease_id.as_bytes());
+        let p = *partition_of
+            .entry(ev.lease_id.to_string())
+            .or_insert(m.partition());
+        assert_eq!(p, m.partition(), "lease {} on two partitions", ev.lease_id);
+        seen += 1;
+    }
+    assert_eq!(seen, total, "messages read back from the topic");
+
+    let lake = dir.path().join("lake");
+    let mut ingest = Proc::spawn(
+        "ingest",
+        ingest_cmd(&broker, &lake, "emitted", "g-emit"),
+        dir.path(),
+    );
+    let rows = |q: &str| -> Option<String> {
+        let out = leaseline()
+            .args(["sql", "--lake"])
+            .arg(&lake)
+            .args(["--format", "csv", q])
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let caught_up = || {
+        rows("SELECT count(*) AS n FROM lease_events")
+            .is_some_and(|t| t.lines().nth(1) == Some(&total.to_string()))
+    };
+    assert!(
+        wait_until(Duration::from_secs(120), caught_up),
+        "ingest did not take the emitted events:\n{}",
+        ingest.logs()
+    );
+    assert!(ingest.terminate(Duration::from_secs(30)).success());
+    assert_eq!(
+        rows("SELECT count(DISTINCT event_id) AS n FROM lease_events").unwrap(),
+        format!("n\n{total}\n")
+    );
+    let mut want: Vec<String> = (0..LEASES)
+        .map(|l| format!("emit/{l},{},worker-1,etcd,released,3", 100 + l))
+        .collect();
+    want.sort();
+    let mut got: Vec<String> = rows(
+        "SELECT lease_id, fencing_token, holder_id, backend, end_kind, renewals FROM lease_timeline",
+    )
+    .unwrap()
+    .lines()
+    .skip(1)
+    .map(str::to_string)
+    .collect();
+    got.sort();
+    assert_eq!(got, want);
+    assert_eq!(
+        rows("SELECT count(*) AS n FROM lease_violations").unwrap(),
+        "n\n0\n"
+    );
+}
