@@ -559,17 +559,22 @@ async fn events_from_the_emit_crate_land_once_keyed_by_lease() {
     );
     assert!(ingest.terminate(Duration::from_secs(30)).success());
     assert_eq!(
-        rows("SELECT count(DISTINCT event_id) AS n FROM lease_events").unwrap(),
+        sql(
+            &lake,
+            "SELECT count(DISTINCT event_id) AS n FROM lease_events",
+            "csv"
+        ),
         format!("n\n{total}\n")
     );
     let mut want: Vec<String> = (0..LEASES)
         .map(|l| format!("emit/{l},{},worker-1,etcd,released,3", 100 + l))
         .collect();
     want.sort();
-    let mut got: Vec<String> = rows(
+    let mut got: Vec<String> = sql(
+        &lake,
         "SELECT lease_id, fencing_token, holder_id, backend, end_kind, renewals FROM lease_timeline",
+        "csv",
     )
-    .unwrap()
     .lines()
     .skip(1)
     .map(str::to_string)
@@ -577,7 +582,7 @@ async fn events_from_the_emit_crate_land_once_keyed_by_lease() {
     got.sort();
     assert_eq!(got, want);
     assert_eq!(
-        rows("SELECT count(*) AS n FROM lease_violations").unwrap(),
+        sql(&lake, "SELECT count(*) AS n FROM lease_violations", "csv"),
         "n\n0\n"
     );
 }
