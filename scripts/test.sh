@@ -17,6 +17,8 @@
 #     docs/lease-event.schema.json against the decoder;
 #   - psycopg for Python, the client whose cancel request the PostgreSQL
 #     tests send;
+#   - the OpenTelemetry SDK for Python (opentelemetry-sdk and its OTLP/HTTP
+#     exporter), the real OTLP client of the log intake tests;
 #   - the bcrypt package for Python: the alert tests put Alertmanager
 #     behind basic auth (bcrypt-hashed in its web configuration) and TLS
 #     with certificates of a private CA made with the openssl command.
@@ -57,6 +59,18 @@ apt_install() {
   # by the package (and not as system services).
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "$@" ||
     die "apt-get install failed; install the Debian packages $* first"
+}
+
+# Succeeds when every python package NAME==VERSION given is installed at
+# that version.
+pins_installed() {
+  python3 - "$@" >/dev/null 2>&1 <<'PY'
+import sys
+from importlib.metadata import version
+for pin in sys.argv[1:]:
+    name, want = pin.split("==")
+    assert version(name) == want, pin
+PY
 }
 
 # Succeeds when dotted version $1 is at least $2.
@@ -115,14 +129,7 @@ fi
 # DuckDB extensions are built for one DuckDB release), and moto's S3 server
 # for lakes on object storage.
 lake_readers=(duckdb==1.4.4 duckdb-ext-delta==1.4.4.20260205 duckdb-ext-httpfs==1.4.4.20260205 deltalake==1.6.6 polars==2.1.0 moto==5.2.1)
-if ! python3 - "${lake_readers[@]}" >/dev/null 2>&1 <<'PY'
-import sys
-from importlib.metadata import version
-for pin in sys.argv[1:]:
-    name, want = pin.split("==")
-    assert version(name) == want, pin
-PY
-then
+if ! pins_installed "${lake_readers[@]}"; then
   echo "== installing the lake's other readers for python: ${lake_readers[*]} =="
   python3 -m pip install --quiet --disable-pip-version-check "${lake_readers[@]}" 'moto[server]==5.2.1'
 fi
@@ -130,6 +137,14 @@ fi
 if ! python3 -c "import psycopg" >/dev/null 2>&1; then
   echo "== installing psycopg for python =="
   python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]'
+fi
+
+# The OpenTelemetry Python SDK, a real OTLP/HTTP client of `serve --otlp-logs`
+# and the encoder of the Collector's otlp_proto Kafka messages.
+otel_sdk=(opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2)
+if ! pins_installed "${otel_sdk[@]}"; then
+  echo "== installing the OpenTelemetry SDK for python: ${otel_sdk[*]} =="
+  python3 -m pip install --quiet --disable-pip-version-check "${otel_sdk[@]}"
 fi
 
 if ! python3 -c "import jsonschema" >/dev/null 2>&1; then

@@ -48,6 +48,9 @@ pub struct ServeConfig {
     /// Whether `serve` also consumes Kafka (with the `[kafka]`, `[flush]`
     /// and `[compaction]` settings). Default false.
     pub ingest: bool,
+    /// Whether `serve` takes OpenTelemetry log exports on `POST /v1/logs`
+    /// (OTLP/HTTP) into the lake. Default false.
+    pub otlp_logs: bool,
     /// Address of the PostgreSQL wire protocol (psql, Grafana); `false`
     /// turns it off. Default `127.0.0.1:5432`.
     #[serde(deserialize_with = "listen_or_off")]
@@ -152,6 +155,7 @@ impl Default for ServeConfig {
         ServeConfig {
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             ingest: false,
+            otlp_logs: false,
             pg_listen: Some(SocketAddr::from(([127, 0, 0, 1], 5432))),
             pg_user: "leaseline".into(),
             pg_password: None,

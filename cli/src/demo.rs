@@ -4,11 +4,10 @@
 //! the PostgreSQL protocol, and alerts print on the console (and go to an
 //! Alertmanager if one is configured).
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leaseline_ingest::pipeline::{self, Polled, Source, Step};
-use leaseline_ingest::{FlushPolicy, IngestHooks, InputPartition, LakeWriter, Notice};
+use leaseline_ingest::{FlushPolicy, IngestHooks, InputPartition, Notice};
 use leaseline_lake::Lake;
 use leaseline_schema::Origin;
 use leaseline_sim::SimConfig;
@@ -70,15 +69,11 @@ pub async fn feed(
         leases = sim.leases,
         "simulator running"
     );
-    let mut w = LakeWriter::open(lake).await?;
-    if let Some(p) = hooks.pending {
-        w.publish_to(p);
-    }
-    w.attach(hooks.fanout, hooks.metrics);
+    let w = pipeline::open_writer(lake, hooks).await?;
     // The simulator is one input partition, read as its events fall due.
-    w.signal(Notice::Assigned(InputPartition::FILE));
+    pipeline::lock(&w).signal(Notice::Assigned(InputPartition::FILE));
     let source = Simulator { events, next: 0 };
-    let stats = pipeline::run(source, Arc::new(Mutex::new(w)), policy, stop).await?;
+    let stats = pipeline::run(source, w, policy, stop).await?;
     info!(
         events = stats.events,
         "simulator stopped; everything flushed"

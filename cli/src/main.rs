@@ -226,6 +226,11 @@ struct IngestArgs {
     /// Consumer group id.
     #[arg(long, env = "LEASELINE_KAFKA_GROUP_ID")]
     group_id: Option<String>,
+    /// What a message holds: `json` (one contract event), or `otlp_proto`
+    /// / `otlp_json` (an OpenTelemetry logs export, as the Collector's
+    /// Kafka exporter writes it; each log record an event).
+    #[arg(long, env = "LEASELINE_KAFKA_ENCODING")]
+    encoding: Option<leaseline_ingest::otlp::Encoding>,
     /// A librdkafka property, `key=value` (repeatable), e.g. for TLS or SASL.
     #[arg(
         long = "kafka-property",
@@ -261,6 +266,9 @@ impl IngestArgs {
         }
         if let Some(g) = self.group_id {
             cfg.kafka.group_id = g;
+        }
+        if let Some(e) = self.encoding {
+            cfg.kafka.encoding = e;
         }
         for p in self.kafka_properties.iter().filter(|p| !p.is_empty()) {
             let (k, v) = p
@@ -375,6 +383,11 @@ enum Command {
         /// evaluate the alert rules on the events as they come.
         #[arg(long, env = "LEASELINE_SERVE_INGEST")]
         ingest: bool,
+        /// Take OpenTelemetry log exports on `POST /v1/logs` (OTLP/HTTP,
+        /// protobuf or JSON) into the lake, each log record an event
+        /// (docs/sources.md).
+        #[arg(long, env = "LEASELINE_SERVE_OTLP_LOGS")]
+        otlp_logs: bool,
         #[command(flatten)]
         ingest_args: IngestArgs,
         #[command(flatten)]
@@ -618,6 +631,7 @@ async fn run(
             query,
             listen,
             ingest,
+            otlp_logs,
             ingest_args,
             alerts,
         } => {
@@ -629,8 +643,11 @@ async fn run(
             if ingest {
                 cfg.serve.ingest = true;
             }
-            // Without --ingest, serve only reads.
-            let lake = if cfg.serve.ingest {
+            if otlp_logs {
+                cfg.serve.otlp_logs = true;
+            }
+            // Without --ingest or --otlp-logs, serve only reads.
+            let lake = if cfg.serve.ingest || cfg.serve.otlp_logs {
                 lake.open(&cfg)?
             } else {
                 lake.open_existing(&cfg).await?
@@ -867,14 +884,23 @@ async fn run_ingest(lake: Lake, cfg: Config) -> anyhow::Result<()> {
         info!("shutdown requested");
         signal_stop.cancel();
     });
-    ingest_until(lake, &cfg, stop, Default::default()).await
+    ingest_until(lake, &cfg, Input::Kafka, stop, Default::default()).await
 }
 
 /// Consumes Kafka into the lake until `stop` is cancelled, compacting in
 /// the background; returns after the final flush and offset commit.
+/// What an ingest run reads.
+pub(crate) enum Input {
+    /// The `[kafka]` topics, and any requests of the hooks' intake.
+    Kafka,
+    /// Nothing but the requests of the hooks' intake (`POST /v1/logs`).
+    Requests,
+}
+
 pub(crate) async fn ingest_until(
     lake: Lake,
     cfg: &Config,
+    input: Input,
     stop: CancellationToken,
     hooks: leaseline_ingest::IngestHooks,
 ) -> anyhow::Result<()> {
@@ -906,7 +932,12 @@ pub(crate) async fn ingest_until(
     });
 
     // Stop consuming, flush, commit offsets; then stop the background work.
-    let stats = kafka::run(lake, &cfg.kafka, cfg.flush.clone(), stop, hooks).await?;
+    let stats = match input {
+        Input::Kafka => kafka::run(lake, &cfg.kafka, cfg.flush.clone(), stop, hooks).await?,
+        Input::Requests => {
+            leaseline_ingest::intake::run(lake, cfg.flush.clone(), stop, hooks).await?
+        }
+    };
     if let Some(c) = compactor {
         c.abort();
     }

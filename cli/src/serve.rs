@@ -1,5 +1,6 @@
 //! `leaseline serve`: the HTTP API, the PostgreSQL protocol, and optionally
-//! ingest, in one process.
+//! ingest (Kafka, OTLP log exports on `POST /v1/logs`, or both), in one
+//! process.
 //!
 //! With ingest, the alert engine evaluates the events as the lake commits
 //! them, its auditor answers the audit's SQL tables too (one copy of the
@@ -166,6 +167,11 @@ fn pg_users(cfg: &Config) -> anyhow::Result<leaseline_server::pg_auth::PgUsers> 
     PgUsers::new(users).map_err(|e| anyhow::anyhow!("serve.pg_users: {e}"))
 }
 
+/// How long an OTLP export waits for the commit of its records before it
+/// is told to retry (they may still be committed; the retry is then kept
+/// once).
+const OTLP_COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Where the served lake's new events come from, if anywhere.
 pub enum Source {
     /// Nowhere: serve what the lake holds (another process may ingest).
@@ -182,7 +188,12 @@ pub async fn run(
     source: Source,
     telemetry: &crate::telemetry::Telemetry,
 ) -> anyhow::Result<()> {
-    let live = !matches!(source, Source::Lake);
+    // OTLP log exports pushed into this process's ingest loop, if taken.
+    let intake = cfg
+        .serve
+        .otlp_logs
+        .then(|| leaseline_ingest::Intake::new(OTLP_COMMIT_TIMEOUT));
+    let live = !matches!(source, Source::Lake) || intake.is_some();
     let demo = matches!(source, Source::Simulator(_));
     // With ingest in this process, queries also see the rows it has
     // consumed but not yet flushed (within a fraction of a second).
@@ -301,6 +312,7 @@ pub async fn run(
                 engine: engine.clone(),
                 metrics: Some(render),
                 auth: auth.clone(),
+                intake: None,
             });
             let stop = http_stop.clone();
             let tls = tls.clone();
@@ -314,6 +326,7 @@ pub async fn run(
         engine: engine.clone(),
         metrics: api_metrics,
         auth,
+        intake: intake.clone(),
     });
     let stop = http_stop.clone();
     let http_tls = tls.clone();
@@ -340,14 +353,19 @@ pub async fn run(
             pending: pending.clone(),
             fanout: Some(fanout),
             metrics: ingest_metrics.clone(),
+            intake: intake.clone(),
         };
         let (lake, cfg, stop) = (lake.clone(), cfg.clone(), stop.clone());
-        match source {
-            Source::Simulator(sim) => tokio::spawn(async move {
-                crate::demo::feed(lake, cfg.flush.clone(), sim, stop, hooks).await
-            }),
-            _ => tokio::spawn(async move { crate::ingest_until(lake, &cfg, stop, hooks).await }),
-        }
+        let input = match source {
+            Source::Simulator(sim) => {
+                return tokio::spawn(async move {
+                    crate::demo::feed(lake, cfg.flush.clone(), sim, stop, hooks).await
+                })
+            }
+            Source::Kafka => crate::Input::Kafka,
+            Source::Lake => crate::Input::Requests,
+        };
+        tokio::spawn(async move { crate::ingest_until(lake, &cfg, input, stop, hooks).await })
     });
     if demo {
         println!(

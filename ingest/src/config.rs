@@ -145,6 +145,11 @@ pub struct KafkaConfig {
     /// environment, e.g. `"sasl.password" = "/run/secrets/kafka"`. Read
     /// when the consumer is created.
     pub property_files: BTreeMap<String, PathBuf>,
+    /// What a message holds: one contract event as JSON (`json`), or an
+    /// OpenTelemetry logs export as the Collector's Kafka exporter writes
+    /// it (`otlp_proto`, `otlp_json`), each log record an event; see
+    /// [`crate::otlp`].
+    pub encoding: crate::otlp::Encoding,
 }
 
 /// Whether a librdkafka property holds a secret: its value is shown
@@ -175,6 +180,7 @@ impl fmt::Debug for KafkaConfig {
             .field("group_id", &self.group_id)
             .field("properties", &properties)
             .field("property_files", &self.property_files)
+            .field("encoding", &self.encoding)
             .finish()
     }
 }
@@ -187,6 +193,7 @@ impl Default for KafkaConfig {
             group_id: "leaseline".into(),
             properties: BTreeMap::new(),
             property_files: BTreeMap::new(),
+            encoding: crate::otlp::Encoding::Json,
         }
     }
 }

@@ -45,6 +45,8 @@ pub struct IngestHooks {
     /// Where committed events go (see [`crate::fanout`]).
     pub fanout: Option<Fanout>,
     pub metrics: Option<Arc<IngestMetrics>>,
+    /// Requests that push into this run's writer (see [`crate::intake`]).
+    pub intake: Option<crate::intake::Intake>,
 }
 
 /// Ingest's own health, read by the binary's `/metrics`.

@@ -36,6 +36,7 @@ use leaseline_schema::Origin;
 use crate::config::{is_secret_property, FlushPolicy, KafkaConfig};
 use crate::error::{IngestError, Result};
 use crate::hooks::{IngestHooks, IngestMetrics, InputPartition, Notice};
+use crate::otlp::{self, Encoding};
 use crate::pipeline::{self, Polled, Source, Step};
 use crate::writer::{FlushReport, LakeWriter, WriterStats};
 
@@ -354,17 +355,13 @@ pub async fn run(
 ) -> Result<WriterStats> {
     // The group's positions are the lake's `txn`s of its partitions.
     lake.track_partitions(&cfg.group_id, []);
-    let mut opened = LakeWriter::open(lake).await?;
-    if let Some(p) = hooks.pending {
-        opened.publish_to(p);
-    }
-    opened.attach(hooks.fanout, hooks.metrics.clone());
-    let writer = Arc::new(Mutex::new(opened));
+    let metrics = hooks.metrics.clone();
+    let writer = pipeline::open_writer(lake, hooks).await?;
     let ctx = IngestContext {
         writer: writer.clone(),
         handle: Handle::current(),
         resume: ResumePoints::default(),
-        metrics: hooks.metrics,
+        metrics,
         group: cfg.group_id.clone(),
     };
     let consumer: BaseConsumer<IngestContext> = client_config(cfg)?
@@ -373,9 +370,11 @@ pub async fn run(
     let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     info!(brokers = %cfg.brokers, topics = ?cfg.topics, group = %cfg.group_id, "consuming");
+    info!(encoding = %cfg.encoding, "messages are read as {}", cfg.encoding);
     let source = KafkaSource {
         consumer,
         backoff: FIRST_BACKOFF,
+        encoding: cfg.encoding,
     };
     pipeline::run(source, writer, policy, stop).await
 }
@@ -387,6 +386,7 @@ struct KafkaSource {
     consumer: BaseConsumer<IngestContext>,
     /// The pause before reading again after a failed flush.
     backoff: Duration,
+    encoding: Encoding,
 }
 
 impl Source for KafkaSource {
@@ -402,15 +402,36 @@ impl Source for KafkaSource {
                     .resume
                     .check(topic, partition, offset);
                 // One message a poll: the loop looks at its flush policy
-                // after each.
-                let _ = take(Polled::Message(
-                    msg.payload().unwrap_or_default(),
-                    Origin::Kafka {
-                        topic,
-                        partition,
-                        offset,
+                // after each. Every record of a message is handed before
+                // that, since a commit covers whole messages.
+                let payload = msg.payload().unwrap_or_default();
+                let origin = Origin::Kafka {
+                    topic,
+                    partition,
+                    offset,
+                };
+                match self.encoding {
+                    Encoding::Json => {
+                        let _ = take(Polled::Message(payload, origin));
+                    }
+                    otlp => match otlp::records(payload, otlp) {
+                        Ok(records) => {
+                            for (i, record) in records.iter().enumerate() {
+                                let origin = Origin::KafkaRecord {
+                                    topic,
+                                    partition,
+                                    offset,
+                                    record: u32::try_from(i + 1).unwrap_or(u32::MAX),
+                                };
+                                let _ = take(Polled::Message(record, origin));
+                            }
+                        }
+                        Err(err) => {
+                            warn!(topic, partition, offset, error = %err, "message kept in lease_rejects");
+                            let _ = take(Polled::Refused(payload, &err, origin));
+                        }
                     },
-                ));
+                }
             }
             Some(Err(e)) => warn!(error = %e, "kafka"),
         }

@@ -3,7 +3,9 @@
 //!
 //! What enters: Kafka messages ([`kafka::run`]) or NDJSON lines
 //! ([`import::import`]), one event each, decoded strictly by
-//! `leaseline-schema`.
+//! `leaseline-schema`; or OpenTelemetry log records ([`otlp`]), from Kafka
+//! or from `POST /v1/logs` through an [`Intake`], each translated into the
+//! contract's JSON and decoded the same way.
 //! What leaves: commits to the lake (`leaseline-lake`): valid events, de-
 //! duplicated by `event_id`, in `lease_events`; every malformed message,
 //! byte for byte with its reason and origin, in `lease_rejects`; and the
@@ -26,7 +28,9 @@ mod error;
 pub mod fanout;
 mod hooks;
 pub mod import;
+pub mod intake;
 pub mod kafka;
+pub mod otlp;
 pub mod pipeline;
 mod writer;
 
@@ -34,4 +38,5 @@ pub use crate::config::{is_secret_property, CompactionConfig, FlushPolicy, Kafka
 pub use crate::error::{IngestError, Result};
 pub use crate::fanout::{Committed, CommittedReceiver, Fanout, PartitionKey};
 pub use crate::hooks::{IngestHooks, IngestMetrics, InputPartition, Notice};
-pub use crate::writer::{FlushReport, LakeWriter, Pushed, WriterStats};
+pub use crate::intake::{Accepted, Intake, IntakeError};
+pub use crate::writer::{FlushReport, Flushed, LakeWriter, Pushed, WriterStats};

@@ -26,13 +26,14 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use leaseline_schema::Origin;
+use leaseline_lake::Lake;
+use leaseline_schema::{DecodeError, Origin};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::FlushPolicy;
 use crate::error::{IngestError, Result};
-use crate::hooks::{InputPartition, Notice};
+use crate::hooks::{IngestHooks, InputPartition, Notice};
 use crate::writer::{FlushReport, LakeWriter, WriterStats};
 
 /// The longest a source waits for input before the loop looks at its
@@ -62,6 +63,9 @@ pub fn lock(w: &SharedWriter) -> MutexGuard<'_, LakeWriter> {
 pub enum Polled<'a> {
     /// One message (an NDJSON line or a Kafka payload) and its origin.
     Message(&'a [u8], Origin<'a>),
+    /// A message refused before it could be decoded (a Kafka message that
+    /// should be OTLP and is not), kept as a reject.
+    Refused(&'a [u8], &'a DecodeError, Origin<'a>),
     /// Everything the partition holds has been read.
     CaughtUp(InputPartition<'a>),
 }
@@ -99,6 +103,22 @@ pub trait Source: Send {
     }
 }
 
+/// Opens a writer on the lake's newest version with a run's attachments:
+/// buffered rows published to `hooks.pending`, committed events to
+/// `hooks.fanout`, requests of `hooks.intake` pushed into it.
+pub async fn open_writer(lake: Lake, hooks: IngestHooks) -> Result<SharedWriter> {
+    let mut w = LakeWriter::open(lake).await?;
+    if let Some(p) = hooks.pending {
+        w.publish_to(p);
+    }
+    w.attach(hooks.fanout, hooks.metrics);
+    let w = Arc::new(Mutex::new(w));
+    if let Some(intake) = hooks.intake {
+        intake.attach(&w);
+    }
+    Ok(w)
+}
+
 /// Runs `source` into `writer` until `stop` is cancelled or the source
 /// ends, then flushes the rest. Returns the writer's totals.
 pub async fn run<S: Source + 'static>(
@@ -133,22 +153,23 @@ fn drive(
         let mut quiet = true;
         let step = source.poll(timeout, &mut |polled| {
             let mut w = lock(writer);
-            match polled {
-                Polled::Message(payload, origin) => {
-                    quiet = false;
-                    let committed = match origin {
-                        Origin::Kafka {
-                            topic,
-                            partition,
-                            offset,
-                        } => w.already_committed(topic, partition, offset),
-                        Origin::File { .. } => false,
-                    };
-                    if !committed {
-                        w.push(payload, origin);
-                    }
+            let (payload, refused, origin) = match polled {
+                Polled::Message(payload, origin) => (payload, None, origin),
+                Polled::Refused(payload, err, origin) => (payload, Some(err), origin),
+                Polled::CaughtUp(p) => {
+                    w.signal(Notice::CaughtUp(p));
+                    return !w.should_flush(policy);
                 }
-                Polled::CaughtUp(p) => w.signal(Notice::CaughtUp(p)),
+            };
+            quiet = false;
+            let committed = origin
+                .kafka_position()
+                .is_some_and(|(t, p, o)| w.already_committed(t, p, o));
+            if !committed {
+                match refused {
+                    None => w.push(payload, origin),
+                    Some(err) => w.push_refused(payload, err, origin),
+                };
             }
             !w.should_flush(policy)
         });

@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use arrow::array::{AsArray, RecordBatch};
 use leaseline_lake::{
-    day_of, kafka_key, line_key, parquet_io, Change, DataFile, KafkaRange, Lake, LakeError,
-    Manifest, Origins, PendingRows, PendingSnapshot, RecentIds, Seen, Table,
+    day_of, origin_key, parquet_io, Change, DataFile, KafkaRange, Lake, LakeError, Manifest,
+    Origins, PendingRows, PendingSnapshot, RecentIds, Seen, Table,
 };
-use leaseline_schema::{decode, EventBatchBuilder, Origin, RejectBatchBuilder};
+use leaseline_schema::{decode, DecodeError, EventBatchBuilder, Origin, RejectBatchBuilder};
 use tracing::{debug, info, warn};
 
 use crate::config::FlushPolicy;
@@ -49,6 +49,16 @@ pub struct FlushReport {
     pub version: u64,
 }
 
+/// The end of a flush, for those waiting on one (see
+/// [`LakeWriter::flushes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Flushed {
+    /// Flushes ended since the writer opened.
+    pub epoch: u64,
+    /// Whether the last one committed (or had nothing to commit).
+    pub ok: bool,
+}
+
 /// Buffers messages and commits them atomically to the lake.
 pub struct LakeWriter {
     lake: Lake,
@@ -63,7 +73,7 @@ pub struct LakeWriter {
     /// Ids of buffered events whose day is older than `seen` holds, by
     /// day: checked against the lake when the buffer is committed.
     late: BTreeMap<i32, HashSet<String>>,
-    /// [`line_key`]s and [`kafka_key`]s of the rejects in `known_files`
+    /// [`origin_key`]s of the rejects in `known_files`
     /// and in the buffer: a file imported again, or a topic read again by
     /// another consumer group, keeps each reject once.
     reject_lines: HashSet<u128>,
@@ -84,6 +94,7 @@ pub struct LakeWriter {
     /// Committed events for consumers in this process.
     fanout: Option<Fanout>,
     metrics: Option<Arc<IngestMetrics>>,
+    flushed: tokio::sync::watch::Sender<Flushed>,
 }
 
 fn now_us() -> i64 {
@@ -131,7 +142,14 @@ impl LakeWriter {
             pending: None,
             published_events: Vec::new(),
             published_rejects: Vec::new(),
+            flushed: tokio::sync::watch::Sender::new(Flushed::default()),
         })
+    }
+
+    /// The end of every flush from now on: a row pushed before a flush
+    /// began is committed when that flush ends `ok`, and gone when not.
+    pub fn flushes(&self) -> tokio::sync::watch::Receiver<Flushed> {
+        self.flushed.subscribe()
     }
 
     /// Attaches the fan-out of committed events and counters (see
@@ -262,19 +280,11 @@ impl LakeWriter {
                     self.events.append(&ev, &origin, now);
                     self.stats.events += 1;
                     if let Some(f) = &mut self.fanout {
-                        let (from, offset) = match &origin {
-                            Origin::Kafka {
-                                topic,
-                                partition,
-                                offset,
-                            } => (
-                                InputPartition {
-                                    topic,
-                                    partition: *partition,
-                                },
-                                Some(*offset),
-                            ),
-                            Origin::File { .. } => (InputPartition::FILE, None),
+                        let (from, offset) = match origin.kafka_position() {
+                            Some((topic, partition, offset)) => {
+                                (InputPartition { topic, partition }, Some(offset))
+                            }
+                            None => (InputPartition::FILE, None),
                         };
                         f.event(&ev, from, offset);
                     }
@@ -283,46 +293,60 @@ impl LakeWriter {
                     }
                     Pushed::Event
                 } else {
-                    self.stats.duplicates += 1;
-                    if let Some(m) = &self.metrics {
-                        IngestMetrics::add(&m.duplicates, 1);
-                    }
-                    Pushed::Duplicate
+                    self.duplicate()
                 }
             }
-            Err(err) => {
-                let fresh = match origin {
-                    Origin::File { path, line } => self.reject_lines.insert(line_key(path, line)),
-                    Origin::Kafka {
-                        topic,
-                        partition,
-                        offset,
-                    } => self
-                        .reject_lines
-                        .insert(kafka_key(topic, partition, offset)),
-                };
-                if fresh {
-                    self.rejects.append(payload, &err, &origin, now);
-                    self.stats.rejects += 1;
-                    if let Some(m) = &self.metrics {
-                        IngestMetrics::add(&m.rejects, 1);
-                    }
-                    Pushed::Reject
-                } else {
-                    self.stats.duplicates += 1;
-                    if let Some(m) = &self.metrics {
-                        IngestMetrics::add(&m.duplicates, 1);
-                    }
-                    Pushed::Duplicate
-                }
-            }
+            Err(err) => self.refuse(payload, &err, origin, now),
         };
-        if let Origin::Kafka {
-            topic,
-            partition,
-            offset,
-        } = origin
-        {
+        self.advance(payload, origin);
+        outcome
+    }
+
+    /// Buffers a message refused before decoding (see
+    /// [`crate::pipeline::Polled::Refused`]).
+    pub fn push_refused(
+        &mut self,
+        payload: &[u8],
+        err: &DecodeError,
+        origin: Origin<'_>,
+    ) -> Pushed {
+        let outcome = self.refuse(payload, err, origin, now_us());
+        self.advance(payload, origin);
+        outcome
+    }
+
+    /// Keeps a reject once by its origin: a file imported again, or a
+    /// topic read again by another consumer group, adds nothing.
+    fn refuse(
+        &mut self,
+        payload: &[u8],
+        err: &DecodeError,
+        origin: Origin<'_>,
+        now: i64,
+    ) -> Pushed {
+        if self.reject_lines.insert(origin_key(&origin)) {
+            self.rejects.append(payload, err, &origin, now);
+            self.stats.rejects += 1;
+            if let Some(m) = &self.metrics {
+                IngestMetrics::add(&m.rejects, 1);
+            }
+            Pushed::Reject
+        } else {
+            self.duplicate()
+        }
+    }
+
+    fn duplicate(&mut self) -> Pushed {
+        self.stats.duplicates += 1;
+        if let Some(m) = &self.metrics {
+            IngestMetrics::add(&m.duplicates, 1);
+        }
+        Pushed::Duplicate
+    }
+
+    /// Counts a buffered message and the Kafka offsets it covers.
+    fn advance(&mut self, payload: &[u8], origin: Origin<'_>) {
+        if let Some((topic, partition, offset)) = origin.kafka_position() {
             match self
                 .ranges
                 .iter_mut()
@@ -340,7 +364,6 @@ impl LakeWriter {
         self.buffered_rows += 1;
         self.buffered_bytes += payload.len() as u64;
         self.first_buffered.get_or_insert_with(Instant::now);
-        outcome
     }
 
     /// Whether rows are buffered.
@@ -439,6 +462,11 @@ impl LakeWriter {
                 Err(_) => f.drop_events(),
             }
         }
+        let ok = result.is_ok();
+        self.flushed.send_modify(|f| {
+            f.epoch += 1;
+            f.ok = ok;
+        });
         result
     }
 

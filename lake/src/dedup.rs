@@ -15,6 +15,7 @@
 //! a few probes, not the two dozen of a binary search.
 
 use hashbrown::HashSet;
+use leaseline_schema::Origin;
 use xxhash_rust::xxh3::xxh3_128;
 
 /// The hash table is folded into the vector when it holds this share of
@@ -54,6 +55,31 @@ pub fn line_key(path: &str, line: u64) -> u128 {
 /// in the space of [`line_key`] under a name no file path can have (NUL).
 pub fn kafka_key(topic: &str, partition: i32, offset: i64) -> u128 {
     line_key(&format!("\0kafka\0{topic}\0{partition}"), offset as u64)
+}
+
+/// The identity of one record of a Kafka message that holds several (see
+/// [`Origin::KafkaRecord`]).
+pub fn kafka_record_key(topic: &str, partition: i32, offset: i64, record: u64) -> u128 {
+    line_key(&format!("\0kafka\0{topic}\0{partition}\0{offset}"), record)
+}
+
+/// The identity of a reject for keeping it once, from where it came;
+/// [`Origins::key`] gives the same from the stored columns.
+pub fn origin_key(origin: &Origin<'_>) -> u128 {
+    match *origin {
+        Origin::File { path, line } => line_key(path, line),
+        Origin::Kafka {
+            topic,
+            partition,
+            offset,
+        } => kafka_key(topic, partition, offset),
+        Origin::KafkaRecord {
+            topic,
+            partition,
+            offset,
+            record,
+        } => kafka_record_key(topic, partition, offset, u64::from(record)),
+    }
 }
 
 /// The origin columns of a batch of events or rejects, read row by row.
@@ -99,10 +125,14 @@ impl<'a> Origins<'a> {
     /// [`line_key`] if it came from a file, its [`kafka_key`] if from Kafka.
     pub fn key(&self, i: usize) -> Option<u128> {
         use arrow::array::Array;
-        if self.path.is_valid(i) && self.line.is_valid(i) {
-            return Some(line_key(self.path.value(i), self.line.value(i) as u64));
+        let line = self.line.is_valid(i).then(|| self.line.value(i) as u64);
+        if self.path.is_valid(i) {
+            return line.map(|l| line_key(self.path.value(i), l));
         }
-        self.kafka(i).map(|(t, p, o)| kafka_key(t, p, o))
+        self.kafka(i).map(|(t, p, o)| match line {
+            Some(record) => kafka_record_key(t, p, o, record),
+            None => kafka_key(t, p, o),
+        })
     }
 }
 
@@ -230,6 +260,52 @@ mod tests {
     use super::*;
 
     const DAY: i64 = 86_400_000_000;
+
+    #[test]
+    fn a_stored_reject_has_the_key_of_its_origin() {
+        let origins = [
+            Origin::File {
+                path: "a.ndjson",
+                line: 3,
+            },
+            Origin::Kafka {
+                topic: "t",
+                partition: 1,
+                offset: 7,
+            },
+            Origin::KafkaRecord {
+                topic: "t",
+                partition: 1,
+                offset: 7,
+                record: 1,
+            },
+            Origin::KafkaRecord {
+                topic: "t",
+                partition: 1,
+                offset: 7,
+                record: 2,
+            },
+            Origin::KafkaRecord {
+                topic: "t",
+                partition: 1,
+                offset: 8,
+                record: 1,
+            },
+        ];
+        let mut b = leaseline_schema::RejectBatchBuilder::new();
+        let err = leaseline_schema::decode(b"{").unwrap_err();
+        for o in &origins {
+            b.append(b"{", &err, o, 0);
+        }
+        let batch = b.finish();
+        let stored = Origins::of(&batch);
+        let keys: Vec<u128> = origins.iter().map(origin_key).collect();
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(stored.key(i), Some(*k), "{:?}", origins[i]);
+        }
+        let distinct: std::collections::HashSet<u128> = keys.iter().copied().collect();
+        assert_eq!(distinct.len(), origins.len());
+    }
 
     #[test]
     fn days_are_utc_days_also_before_1970() {

@@ -32,7 +32,8 @@ mod pending;
 mod store;
 
 pub use crate::dedup::{
-    day_of, kafka_key, line_key, EventIdSet, Origins, RecentIds, Seen, RESIDENT_DAYS,
+    day_of, kafka_key, kafka_record_key, line_key, origin_key, EventIdSet, Origins, RecentIds,
+    Seen, RESIDENT_DAYS,
 };
 pub use crate::error::{LakeError, Result};
 pub use crate::lake::{CompactionPolicy, CompactionReport, Lake};

@@ -282,6 +282,18 @@ impl OriginBuilder {
                 self.file.push(None);
                 self.line.push(None);
             }
+            Origin::KafkaRecord {
+                topic,
+                partition,
+                offset,
+                record,
+            } => {
+                self.topic.push(Some(topic));
+                self.partition.push(Some(partition));
+                self.offset.push(Some(offset));
+                self.file.push(None);
+                self.line.push(Some(record as i64));
+            }
             Origin::File { path, line } => {
                 self.topic.push(None);
                 self.partition.push(None);

@@ -141,6 +141,10 @@ pub enum RejectReason {
     UnknownSource,
     /// `ts` is neither RFC 3339 with an offset nor integer epoch milliseconds.
     BadTimestamp,
+    /// A message or request body that should hold OpenTelemetry logs (a
+    /// Kafka topic read as `otlp_proto` or `otlp_json`, `POST /v1/logs`)
+    /// does not parse as one; the events it may hold are not guessed at.
+    InvalidOtlp,
 }
 
 impl fmt::Display for RejectReason {
@@ -157,6 +161,7 @@ impl fmt::Display for RejectReason {
             RejectReason::UnknownKind => f.write_str("unknown_kind"),
             RejectReason::UnknownSource => f.write_str("unknown_source"),
             RejectReason::BadTimestamp => f.write_str("bad_timestamp"),
+            RejectReason::InvalidOtlp => f.write_str("invalid_otlp"),
         }
     }
 }
@@ -170,6 +175,11 @@ pub struct DecodeError {
 }
 
 impl DecodeError {
+    /// A body in an OTLP encoding that does not parse as OTLP logs.
+    pub fn invalid_otlp(message: impl Into<String>) -> Self {
+        DecodeError::new(RejectReason::InvalidOtlp, message)
+    }
+
     fn new(reason: RejectReason, message: impl Into<String>) -> Self {
         DecodeError {
             reason,

@@ -269,6 +269,35 @@ pub enum Origin<'a> {
         /// 1-based line number.
         line: u64,
     },
+    /// One of several records in a Kafka message (an OTLP export holds a
+    /// batch of log records): stored like `Kafka`, with the 1-based record
+    /// number in the `file_line` column.
+    KafkaRecord {
+        topic: &'a str,
+        partition: i32,
+        offset: i64,
+        record: u32,
+    },
+}
+
+impl<'a> Origin<'a> {
+    /// Topic, partition and offset of a message read from Kafka.
+    pub fn kafka_position(&self) -> Option<(&'a str, i32, i64)> {
+        match *self {
+            Origin::Kafka {
+                topic,
+                partition,
+                offset,
+            }
+            | Origin::KafkaRecord {
+                topic,
+                partition,
+                offset,
+                ..
+            } => Some((topic, partition, offset)),
+            Origin::File { .. } => None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1161,6 +1161,7 @@ fn reason_codes_are_stable() {
         (RejectReason::UnknownKind, "unknown_kind"),
         (RejectReason::UnknownSource, "unknown_source"),
         (RejectReason::BadTimestamp, "bad_timestamp"),
+        (RejectReason::InvalidOtlp, "invalid_otlp"),
         (RejectReason::WrongType(Field::Attrs), "wrong_type:attrs"),
         (
             RejectReason::MissingField(Field::KeepaliveSentMonoMs),

@@ -64,7 +64,10 @@ pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Ne
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+        // OTLP/HTTP answers its errors in protobuf when asked in it.
+        .is_some_and(|v| {
+            v.starts_with("application/json") || v.starts_with("application/x-protobuf")
+        });
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return resp;
     }

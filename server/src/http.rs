@@ -8,6 +8,8 @@
 //!   it (`orders%2Forder-123`).
 //! - `GET /api/v1/violations?kind=&lease_id=&from=&to=`: violations, by time.
 //! - `GET /health`: 200 with the lake version when the lake can be read.
+//! - `POST /v1/logs`: OTLP/HTTP log exports into the lake, with
+//!   `serve --otlp-logs` ([`crate::otlp`]).
 //!
 //! Times are RFC 3339 (`2026-09-14T10:00:00Z`) or epoch milliseconds.
 
@@ -41,6 +43,9 @@ pub struct AppState {
     pub metrics: Option<MetricsRenderer>,
     /// Tokens and allowed host names; see [`crate::auth`].
     pub auth: Arc<crate::auth::HttpAuth>,
+    /// Where `POST /v1/logs` pushes OTLP log records ([`crate::otlp`]);
+    /// `None`: 404.
+    pub intake: Option<leaseline_ingest::Intake>,
 }
 
 /// See [`AppState::metrics`].
@@ -55,6 +60,11 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/leases/{lease_id}/timeline.svg", get(timeline_svg))
         .route("/api/v1/violations", get(violations))
         .route("/metrics", get(metrics))
+        .route(
+            "/v1/logs",
+            post(crate::otlp::logs)
+                .layer(axum::extract::DefaultBodyLimit::max(crate::otlp::MAX_BODY)),
+        )
         .fallback(|uri: axum::http::Uri| async move {
             ServerError::NotFound(format!("no endpoint {}", uri.path()))
         })

@@ -10,12 +10,15 @@
 //! Key types: [`http::router`] and [`http::AppState`] for the HTTP API,
 //! [`pg::serve`] for the PostgreSQL protocol, [`ServerError`].
 //!
-//! Every surface is read-only: the engine refuses DDL, DML, `COPY` and
-//! `SET`, and reads nothing but the lake's tables.
+//! Every query surface is read-only: the engine refuses DDL, DML, `COPY`
+//! and `SET`, and reads nothing but the lake's tables. The one way in is
+//! [`otlp`], `POST /v1/logs`, which hands OTLP log records to ingest (an
+//! opt-in, with its own token scope).
 
 pub mod accept;
 pub mod auth;
 pub mod http;
+pub mod otlp;
 pub mod pg;
 pub mod pg_auth;
 pub mod pg_describe;
