@@ -33,7 +33,6 @@
 //! counter's notifications are ignored: its `INCR` comes before the `SET`
 //! it is read for.
 
-use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -395,7 +394,7 @@ impl RedisSession {
 
 fn text(v: &Value) -> Option<&[u8]> {
     match v {
-        Value::BulkString(b) => Some(b),
+        Value::BulkString(b) => Some(b.as_slice()),
         Value::SimpleString(s) => Some(s.as_bytes()),
         _ => None,
     }
