@@ -116,25 +116,10 @@ fn watch(redis: &Redis, lake: &Path, state: &Path, dir: &Path) -> Proc {
     p
 }
 
-/// Rows of `lease_events`; none before the first commit made the table.
-fn events(lake: &Path) -> usize {
-    let out = leaseline()
-        .args(["sql", "--format", "csv", "--lake"])
-        .arg(lake)
-        .arg("SELECT count(*) AS n FROM lease_events")
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return 0;
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines().nth(1).unwrap_or("0").trim().parse().unwrap()
-}
-
 fn wait_for_events(lake: &Path, n: usize, w: &Proc) {
     let mut seen = 0;
     let ok = wait_until(Duration::from_secs(30), || {
-        seen = events(lake);
+        seen = committed_events(lake).unwrap_or(0);
         seen >= n
     });
     assert!(

@@ -245,10 +245,8 @@ async fn configure_notifications(conn: &mut MultiplexedConnection) -> Result<(),
         }
     };
     // `A` stands for every class but `K`, `E`, `m` and `n`.
-    let missing: String = NOTIFY_CLASSES
-        .chars()
-        .filter(|c| !current.contains(*c) && !(current.contains('A') && *c != 'K'))
-        .collect();
+    let covered = |c: char| current.contains(c) || (c != 'K' && current.contains('A'));
+    let missing: String = NOTIFY_CLASSES.chars().filter(|&c| !covered(c)).collect();
     if missing.is_empty() {
         return Ok(());
     }
