@@ -165,6 +165,10 @@ command -v prlimit >/dev/null 2>&1 || missing+=(util-linux)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
+# `watch redis` tests start their own redis-server and drive it with
+# redis-cli (redis-tools, which redis-server depends on).
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 if [ ${#missing[@]} -gt 0 ]; then
   # shellcheck disable=SC2046 # one word per package
   apt_install $(printf '%s\n' "${missing[@]}" | sort -u)

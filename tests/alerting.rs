@@ -686,20 +686,6 @@ fn keyed(lines: &[String]) -> Vec<(i32, String)> {
         .collect()
 }
 
-/// The events the lake has committed, or None before its first flush.
-fn committed_events(lake: &Path) -> Option<usize> {
-    let out = leaseline()
-        .args(["sql", "--format", "csv", "--lake"])
-        .arg(lake)
-        .arg("SELECT count(*) AS n FROM lease_events")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .nth(1)
-        .and_then(|n| n.trim().parse::<usize>().ok())
-}
-
 /// Produces each line to its partition, one message at a time.
 async fn produce_to(producer: &rdkafka::producer::FutureProducer, msgs: &[(i32, String)]) {
     for (p, line) in msgs {

@@ -2,7 +2,8 @@
 //!
 //! `ingest` consumes Kafka into the lake, `import` loads NDJSON files,
 //! `sql` queries the lake, `check` audits the lake or NDJSON files and exits
-//! 1 on any safety violation, `compact` merges small files. Configuration
+//! 1 on any safety violation, `compact` merges small files, `watch`
+//! observes a lock service and reports its transitions. Configuration
 //! comes from defaults, then `--config FILE`, then environment variables
 //! and flags (`leaseline help <command>` lists them).
 
@@ -14,6 +15,7 @@ mod serve;
 mod simulate;
 mod telemetry;
 mod terminal;
+mod watch;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -271,20 +273,12 @@ impl IngestArgs {
             cfg.kafka.encoding = e;
         }
         for p in self.kafka_properties.iter().filter(|p| !p.is_empty()) {
-            let (k, v) = p
-                .split_once('=')
-                .with_context(|| format!("--kafka-property {p:?} is not key=value"))?;
-            cfg.kafka
-                .properties
-                .insert(k.trim().into(), v.trim().into());
+            let (k, v) = key_value("--kafka-property", p)?;
+            cfg.kafka.properties.insert(k.into(), v.into());
         }
         for p in self.kafka_property_files.iter().filter(|p| !p.is_empty()) {
-            let (k, path) = p
-                .split_once('=')
-                .with_context(|| format!("--kafka-property-file {p:?} is not key=path"))?;
-            cfg.kafka
-                .property_files
-                .insert(k.trim().into(), path.trim().into());
+            let (k, path) = key_value("--kafka-property-file", p)?;
+            cfg.kafka.property_files.insert(k.into(), path.into());
         }
         if self.no_compaction {
             cfg.compaction.enabled = false;
@@ -294,6 +288,14 @@ impl IngestArgs {
         }
         Ok(())
     }
+}
+
+/// A `key=value` flag (`key=path` for files), trimmed.
+pub(crate) fn key_value<'a>(flag: &str, p: &'a str) -> anyhow::Result<(&'a str, &'a str)> {
+    let (k, v) = p
+        .split_once('=')
+        .with_context(|| format!("{flag} {p:?} is not key=value"))?;
+    Ok((k.trim(), v.trim()))
 }
 
 #[derive(Debug, Args)]
@@ -489,6 +491,13 @@ enum Command {
         /// Where to write the SVG (`-`: standard output).
         #[arg(long, env = "LEASELINE_TIMELINE_SVG")]
         svg: String,
+    },
+    /// Observe a lock service and report its grants, renewals, releases
+    /// and expiries as coordinator events, to Kafka or straight into a lake,
+    /// until SIGTERM or Ctrl-C.
+    Watch {
+        #[command(subcommand)]
+        backend: watch::WatchCommand,
     },
     /// Generate lease traffic (with faults on switches) to NDJSON or Kafka.
     Simulate {
@@ -754,6 +763,7 @@ async fn run(
                 ExitCode::SUCCESS
             })
         }
+        Command::Watch { backend } => watch::run(backend, &cfg).await.map(|()| ExitCode::SUCCESS),
         Command::Simulate { sim } => simulate::run(sim).await.map(|()| ExitCode::SUCCESS),
         Command::Timeline {
             lake,

@@ -87,6 +87,12 @@ pub fn mono_ms_at(at: Instant) -> f64 {
     at.saturating_duration_since(origin()).as_secs_f64() * 1000.0
 }
 
+/// `ts` as every emitted event writes it: RFC 3339 in UTC, to the
+/// microsecond leaseline keeps.
+fn ts_string(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
 /// Where built messages go: `offer` must not block.
 pub trait Sink: Send + Sync {
     /// Queues one message, key and payload; [`EmitError::Full`] when the
@@ -95,6 +101,17 @@ pub trait Sink: Send + Sync {
     /// Waits up to `timeout` for queued messages to be delivered.
     fn flush(&self, _timeout: Duration) -> Result<(), EmitError> {
         Ok(())
+    }
+}
+
+/// A sink shared with the code that built the emitter, which may then
+/// flush or inspect it itself.
+impl<S: Sink + ?Sized> Sink for Arc<S> {
+    fn offer(&self, key: &str, payload: &[u8]) -> Result<(), EmitError> {
+        (**self).offer(key, payload)
+    }
+    fn flush(&self, timeout: Duration) -> Result<(), EmitError> {
+        (**self).flush(timeout)
     }
 }
 
@@ -230,8 +247,7 @@ impl Emitter {
         let i = &self.0;
         let seq = i.seq.fetch_add(1, Ordering::Relaxed);
         let mut f = Map::new();
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        f.insert("ts".into(), now.into());
+        f.insert("ts".into(), ts_string(chrono::Utc::now()).into());
         f.insert("kind".into(), kind.as_str().into());
         f.insert("source".into(), i.source.as_str().into());
         f.insert("lease_id".into(), lease_id.into());
@@ -282,6 +298,23 @@ impl Event<'_> {
         self
     }
 
+    /// When the transition happened, in Unix milliseconds, for an emitter
+    /// that reports it after the fact (a coordinator adapter reading the
+    /// service's own clock) rather than as it happens.
+    pub fn ts_ms(self, ms: i64) -> Self {
+        match chrono::DateTime::from_timestamp_millis(ms) {
+            Some(at) => self.set("ts", ts_string(at)),
+            // Out of chrono's range, and so of the contract's: the check in
+            // `build` refuses it as `bad_timestamp`.
+            None => self.set("ts", ms),
+        }
+    }
+    /// An `event_id` derived from the transition itself instead of the
+    /// emitter's sequence, so that an emitter which reports the same
+    /// transition again after a restart sends the same id.
+    pub fn event_id(self, id: &str) -> Self {
+        self.set("event_id", id)
+    }
     pub fn fencing_token(self, token: u64) -> Self {
         self.set("fencing_token", token)
     }
@@ -400,6 +433,28 @@ mod tests {
         );
         assert_ne!(a, b);
         assert_eq!(a.rsplit_once('-').unwrap().0, b.rsplit_once('-').unwrap().0);
+    }
+
+    #[test]
+    fn a_reported_transition_keeps_its_own_time_and_id() {
+        let e = Emitter::new(Source::Coordinator, MemorySink::default()).backend("redis");
+        let build = || {
+            e.event(Kind::Expired, "L")
+                .holder_id("w-1")
+                .fencing_token(3)
+                .ts_ms(1_789_380_003_015)
+                .event_id("redis/0/L/3/end")
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (build(), build());
+        // Built twice, sent twice: the same event.
+        assert_eq!(a, b);
+        let ev = leaseline_schema::decode(&a.1).unwrap().into_owned();
+        assert_eq!(ev.event_id.as_deref(), Some("redis/0/L/3/end"));
+        let v: Value = serde_json::from_slice(&a.1).unwrap();
+        assert_eq!(v["ts"], "2026-09-14T10:00:03.015000Z");
+        assert!(v.get("mono_ms").is_none());
     }
 
     #[test]

@@ -426,6 +426,20 @@ pub fn count(lake: &Path, table: &str) -> usize {
     out.lines().nth(1).unwrap_or("0").trim().parse().unwrap()
 }
 
+/// The events the lake has committed, or None before its first flush.
+pub fn committed_events(lake: &Path) -> Option<usize> {
+    let out = leaseline()
+        .args(["sql", "--format", "csv", "--lake"])
+        .arg(lake)
+        .arg("SELECT count(*) AS n FROM lease_events")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|n| n.trim().parse::<usize>().ok())
+}
+
 /// Canonical rows of `lease_events`, for the checksum.
 pub fn lake_events(lake: &Path) -> Vec<String> {
     let out = sql(
