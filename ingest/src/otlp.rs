@@ -195,29 +195,19 @@ pub fn status_body(code: i32, message: &str, encoding: Encoding) -> Vec<u8> {
 }
 
 /// The contract field an attribute name carries, if any.
-fn field_of(key: &str) -> Option<&str> {
-    const FIELDS: [&str; 15] = [
-        "kind",
-        "source",
-        "holder_id",
-        "fencing_token",
-        "ttl_ms",
-        "event_id",
-        "backend",
-        "latency_ms",
-        "reason",
-        "max_token",
-        "mono_ms",
-        "keepalive_sent_mono_ms",
-        "deadline_mono_ms",
-        "trace_id",
-        "span_id",
-    ];
+fn field_of(key: &str) -> Option<&'static str> {
+    use leaseline_schema::Field;
     let name = key.strip_prefix("lease.")?;
     if name == "id" {
         return Some("lease_id");
     }
-    FIELDS.into_iter().find(|f| *f == name)
+    // `ts` is the record's time, `attrs` its other attributes, and
+    // `lease_id` is spelled `lease.id`.
+    Field::ALL
+        .into_iter()
+        .filter(|f| !matches!(f, Field::Ts | Field::LeaseId | Field::Attrs))
+        .map(Field::as_str)
+        .find(|f| *f == name)
 }
 
 fn record_json(

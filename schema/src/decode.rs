@@ -53,7 +53,7 @@ pub enum Field {
 
 impl Field {
     /// Every field, in declaration order.
-    pub(crate) const ALL: [Field; 18] = [
+    pub const ALL: [Field; 18] = [
         Field::Ts,
         Field::Kind,
         Field::Source,
