@@ -22,18 +22,8 @@ const MESSAGES: usize = 100_000;
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn ingest_cmd(broker: &Broker, lake: &Path, topic: &str, group: &str) -> Command {
-    let mut cmd = leaseline();
-    cmd.args(["ingest", "--lake"])
-        .arg(lake)
-        .args([
-            "--brokers",
-            &broker.addr,
-            "--topic",
-            topic,
-            "--group-id",
-            group,
-        ])
-        .args(["--flush-max-rows", "7000", "--flush-interval", "500ms"])
+    let mut cmd = ingest_command(broker, lake, topic, group);
+    cmd.args(["--flush-max-rows", "7000", "--flush-interval", "500ms"])
         // A restarted or stopped member must hand its partitions on fast.
         .args([
             "--kafka-property",
@@ -41,7 +31,6 @@ fn ingest_cmd(broker: &Broker, lake: &Path, topic: &str, group: &str) -> Command
             "--kafka-property",
             "heartbeat.interval.ms=500",
         ])
-        .arg("--no-compaction")
         .env("LEASELINE_LOG", "info,leaseline_ingest=debug");
     cmd
 }

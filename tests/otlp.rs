@@ -205,24 +205,8 @@ fn what_is_not_otlp_is_refused_with_a_reason_and_kept() {
 }
 
 fn ingest_cmd(broker: &Broker, lake: &Path, topic: &str, group: &str, encoding: &str) -> Command {
-    let mut cmd = leaseline();
-    cmd.args(["ingest", "--lake"])
-        .arg(lake)
-        .args([
-            "--brokers",
-            &broker.addr,
-            "--topic",
-            topic,
-            "--group-id",
-            group,
-        ])
-        .args([
-            "--encoding",
-            encoding,
-            "--flush-interval",
-            "200ms",
-            "--no-compaction",
-        ])
+    let mut cmd = ingest_command(broker, lake, topic, group);
+    cmd.args(["--encoding", encoding, "--flush-interval", "200ms"])
         .env("LEASELINE_LOG", "info");
     cmd
 }

@@ -897,8 +897,6 @@ async fn run_ingest(lake: Lake, cfg: Config) -> anyhow::Result<()> {
     ingest_until(lake, &cfg, Input::Kafka, stop, Default::default()).await
 }
 
-/// Consumes Kafka into the lake until `stop` is cancelled, compacting in
-/// the background; returns after the final flush and offset commit.
 /// What an ingest run reads.
 pub(crate) enum Input {
     /// The `[kafka]` topics, and any requests of the hooks' intake.
@@ -907,6 +905,8 @@ pub(crate) enum Input {
     Requests,
 }
 
+/// Ingests `input` into the lake until `stop` is cancelled, compacting in
+/// the background; returns after the final flush (and offset commit).
 pub(crate) async fn ingest_until(
     lake: Lake,
     cfg: &Config,

@@ -180,6 +180,24 @@ impl Broker {
     }
 }
 
+/// `leaseline ingest` of one topic into `lake` as consumer group `group`,
+/// without background compaction; callers add their own flags.
+pub fn ingest_command(broker: &Broker, lake: &Path, topic: &str, group: &str) -> Command {
+    let mut cmd = leaseline();
+    cmd.args(["ingest", "--lake"])
+        .arg(lake)
+        .args([
+            "--brokers",
+            &broker.addr,
+            "--topic",
+            topic,
+            "--group-id",
+            group,
+        ])
+        .arg("--no-compaction");
+    cmd
+}
+
 /// Where a produced message landed.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Landed {
