@@ -285,11 +285,17 @@ impl Sink for LakeSink {
                 return Err(EmitError::Sink("the lake writer has stopped".into()));
             }
             // The writer's lock is held through a flush, so an empty buffer
-            // seen here is a committed one.
-            if self.progress.taken.load(Ordering::Acquire) >= target
-                && !pipeline::lock(&self.writer).is_buffering()
-            {
-                return Ok(());
+            // seen here is a committed one, unless the flush that emptied it
+            // failed (the rows are gone, and the loop is ending).
+            if self.progress.taken.load(Ordering::Acquire) >= target {
+                let w = pipeline::lock(&self.writer);
+                if !w.is_buffering() {
+                    let last = *w.flushes().borrow();
+                    if last.epoch > 0 && !last.ok {
+                        return Err(EmitError::Sink("the lake commit failed".into()));
+                    }
+                    return Ok(());
+                }
             }
             if started.elapsed() >= timeout {
                 return Err(EmitError::Sink("the lake did not commit in time".into()));
