@@ -38,6 +38,9 @@ enum Ids {
     Check,
     /// The caller knows they are new: see [`Auditor::push_all_unique`].
     Unique,
+    /// A lease's history replayed after its events were dropped
+    /// ([`Auditor::reload`]): ids already known are theirs.
+    Replay,
 }
 
 /// Where the event kept for an `event_id` lives.
@@ -80,6 +83,21 @@ pub struct Auditor {
     /// Lease symbols sorted by lease id, for deterministic output order.
     sorted: Vec<Sym>,
     scratch: Scratch,
+    /// Leases given an event that changes what was settled
+    /// ([`Auditor::take_stale`]).
+    stale: Vec<Sym>,
+}
+
+/// The rows of one lease that [`Auditor::settle`] let go of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settled {
+    pub lease_id: std::sync::Arc<str>,
+    /// The lease's grants acquired before `cut`, not handed out before.
+    pub grants: Vec<Grant>,
+    /// The lease's violations before `cut`, not handed out before.
+    pub violations: Vec<Violation>,
+    /// Everything of the lease before this time is now settled.
+    pub cut: i64,
 }
 
 impl Default for Auditor {
@@ -106,6 +124,7 @@ impl Auditor {
             undrained: Vec::new(),
             sorted: Vec::new(),
             scratch: Scratch::default(),
+            stale: Vec::new(),
         }
     }
 
@@ -120,6 +139,12 @@ impl Auditor {
 
     pub fn is_empty(&self) -> bool {
         self.events == 0
+    }
+
+    /// Events held in memory: [`Auditor::len`] less what
+    /// [`Auditor::settle`] let go of.
+    pub fn held(&self) -> usize {
+        self.log.len() + self.states.iter().map(|s| s.events.len()).sum::<usize>()
     }
 
     /// The latest event time seen in the whole history (microseconds), the
@@ -214,7 +239,7 @@ impl Auditor {
     /// together and used later.
     fn prepare(&self, event: &LeaseEvent<'_>, ids: Ids) -> Hashes {
         let id = match ids {
-            Ids::Unique => None,
+            Ids::Unique | Ids::Replay => None,
             Ids::Check => event.event_id.as_deref().map(|id| {
                 let hash = self.ids.hash(id);
                 self.ids.prefetch(hash);
@@ -237,6 +262,25 @@ impl Auditor {
             _ => NONE,
         };
         let mut ev = Ev::new(event, lease, holder, &mut self.strings, NONE);
+        let state = &mut self.states[lease as usize];
+        if ids != Ids::Replay && !state.stale && state.would_unsettle(&ev, self.tol) {
+            state.stale = true;
+            self.stale.push(lease);
+        }
+        if let (Ids::Replay, Some(id)) = (ids, event.event_id.as_deref()) {
+            let fingerprint = ev.fingerprint(self.strings.hasher());
+            let hash = self.ids.hash(id);
+            let (sym, new_id) = self.ids.intern_hashed(id, hash);
+            ev.event_id = sym;
+            let info = IdInfo { lease, fingerprint };
+            if new_id {
+                self.id_info.push(info);
+            } else {
+                self.id_info[sym as usize] = info;
+            }
+            self.append(ev);
+            return true;
+        }
         if let (Ids::Unique, Some(id)) = (ids, event.event_id.as_deref()) {
             let fingerprint = ev.fingerprint(self.strings.hasher());
             ev.event_id = self.ids.append_unindexed(id);
@@ -463,6 +507,111 @@ impl Auditor {
             .filter(|s| !s.events.is_empty())
             .map(|s| s.id.clone())
             .collect()
+    }
+
+    /// Lets go of what can no longer change (see `settle.rs` for the
+    /// protocol): for each lease with a new cut at or before `cutoff`
+    /// (Unix microseconds; the caller's watermark minus its lateness
+    /// horizon), the rows before the cut, which the auditor no longer
+    /// answers, and whose events it drops but for the few later rows
+    /// are judged against. The rows handed out by every call, plus what
+    /// the auditor answers afterwards, are what an auditor holding every
+    /// event would answer, as long as the caller replays each lease
+    /// [`Auditor::take_stale`] names ([`Auditor::reload`]).
+    ///
+    /// A caller that alerts calls [`Auditor::drain_changes`] first: a
+    /// violation settled is no longer reported as appearing (nor, later,
+    /// as retracted). An auditor that settled answers a snapshot's tables
+    /// only together with the rows it handed out, so it is not one a
+    /// [`crate::SharedAuditor`] may mark as covering a snapshot.
+    pub fn settle(&mut self, cutoff: i64) -> Vec<Settled> {
+        self.file_log();
+        let latest = self.latest.unwrap_or(i64::MIN);
+        let mut out = Vec::new();
+        for lease in 0..self.states.len() {
+            let state = &mut self.states[lease];
+            if state.stale || state.events.is_empty() {
+                continue;
+            }
+            // The derived grants of this lease must be in the scratch.
+            state.recompute(&self.strings, &self.ids, self.tol, &mut self.scratch);
+            let Some(cut) =
+                crate::settle::find_cut(&state.events, &self.scratch, self.tol, cutoff, state.cut)
+            else {
+                continue;
+            };
+            let grants = state
+                .grants
+                .iter()
+                .filter(|g| g.grant.acquired_at < cut.ts)
+                .map(|g| g.resolve(latest))
+                .collect();
+            let violations = state
+                .violations
+                .iter()
+                .filter(|v| v.at < cut.ts)
+                .cloned()
+                .collect();
+            let ts = cut.ts;
+            state.apply_cut(cut, &self.scratch);
+            // Answers from the kept events, filtered at the new cut.
+            state.recompute(&self.strings, &self.ids, self.tol, &mut self.scratch);
+            out.push(Settled {
+                lease_id: state.id.clone(),
+                grants,
+                violations,
+                cut: ts,
+            });
+        }
+        out
+    }
+
+    /// The leases that were given an event changing rows already settled
+    /// (one older than their cut, a token settled, a `renew_failed` that
+    /// counts against a settled grant), each once. Their answers are
+    /// wrong until the caller replays each with [`Auditor::reload`].
+    pub fn take_stale(&mut self) -> Vec<std::sync::Arc<str>> {
+        let stale = std::mem::take(&mut self.stale);
+        stale
+            .into_iter()
+            .map(|l| self.states[l as usize].id.clone())
+            .collect()
+    }
+
+    /// Replaces what the auditor holds of `lease_id` with its whole
+    /// history, `events` (a lake's rows of that lease: distinct event
+    /// ids), as if nothing of it had been settled. The rows of the lease
+    /// handed out by [`Auditor::settle`] before are void: the auditor
+    /// answers for all of them again until the next cut hands them out
+    /// anew. `settled_violations` are those void rows' violations: the
+    /// next [`Auditor::drain_changes`] reports only what the replay
+    /// changed against them.
+    pub fn reload<'e, I>(&mut self, lease_id: &str, events: I, settled_violations: &[Violation])
+    where
+        I: IntoIterator<Item = &'e LeaseEvent<'e>>,
+    {
+        self.file_log();
+        let lease = self.leases.find(lease_id);
+        if let Some(lease) = lease {
+            let state = &mut self.states[lease as usize];
+            self.events -= state.count;
+            state.reset();
+            state.drained.extend(settled_violations.iter().cloned());
+            state.drained.sort_unstable();
+            state.drained.dedup();
+            self.touch(lease);
+        }
+        for event in events {
+            if event.lease_id != lease_id {
+                continue;
+            }
+            let hashes = self.prepare(event, Ids::Unique);
+            self.push_prepared(event, hashes, Ids::Replay);
+        }
+        self.file_log();
+        if let Some(lease) = self.leases.find(lease_id) {
+            self.stale.retain(|&l| l != lease);
+        }
     }
 
     /// The violations that appeared, and those that went away, since the

@@ -253,7 +253,7 @@ impl Scratch {
     /// The grant a tokenless holder event belongs to: the latest grant of
     /// the same holder acquired no later than the event (with the skew
     /// tolerance, as the two times may come from different clocks).
-    fn attribute(&self, ev: &Ev, skew_us: i64) -> Option<usize> {
+    pub fn attribute(&self, ev: &Ev, skew_us: i64) -> Option<usize> {
         if ev.holder == NONE {
             return None;
         }

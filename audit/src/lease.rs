@@ -9,7 +9,7 @@ use crate::derive::Scratch;
 use crate::detect::Detect;
 use crate::grant::{CachedGrant, Grant};
 use crate::ids::EventIds;
-use crate::intern::Interner;
+use crate::intern::{Interner, Sym};
 use crate::record::{canonical_cmp, Ev};
 use crate::violation::Violation;
 
@@ -40,6 +40,20 @@ pub(crate) struct LeaseState {
     pub violations: Vec<Violation>,
     /// The violations as of the last `drain_changes`.
     pub drained: Vec<Violation>,
+    /// Rows before this time were settled (`crate::settle`); `i64::MIN`
+    /// until the first cut.
+    pub cut: i64,
+    /// The range of tokens of the settled events, if any.
+    pub settled: Option<(u64, u64)>,
+    /// Holders of settled grants.
+    pub settled_holders: Vec<Sym>,
+    /// Holders of the grants from the cut on, and when each acquired.
+    pub holders_from_cut: Vec<(Sym, i64)>,
+    /// Distinct events ever filed here, settled ones included.
+    pub count: usize,
+    /// Given an event that changes what was settled: not settled again
+    /// until replayed.
+    pub stale: bool,
 }
 
 impl LeaseState {
@@ -54,10 +68,33 @@ impl LeaseState {
             grants: Vec::new(),
             violations: Vec::new(),
             drained: Vec::new(),
+            cut: i64::MIN,
+            settled: None,
+            settled_holders: Vec::new(),
+            holders_from_cut: Vec::new(),
+            count: 0,
+            stale: false,
         }
     }
 
+    /// Forgets every event and what was settled, for a replay of the whole
+    /// history; the violations drained so far stay.
+    pub fn reset(&mut self) {
+        let drained = std::mem::take(&mut self.drained);
+        let (dirty, undrained) = (self.dirty, self.undrained);
+        *self = LeaseState::new(self.id.clone());
+        self.drained = drained;
+        self.dirty = dirty;
+        self.undrained = undrained;
+    }
+
+    /// Declares the events in canonical order.
+    pub fn mark_sorted(&mut self) {
+        self.sorted_len = self.events.len();
+    }
+
     pub fn push(&mut self, ev: Ev) {
+        self.count += 1;
         self.max_ts = self.max_ts.max(ev.ts);
         if self.events.len() == self.events.capacity() {
             // Leases see many events: skip the smallest reallocations.
@@ -67,6 +104,7 @@ impl LeaseState {
     }
 
     pub fn remove(&mut self, pos: usize) -> Ev {
+        self.count -= 1;
         let ev = self.events.remove(pos);
         if pos < self.sorted_len {
             self.sorted_len -= 1;
@@ -97,6 +135,14 @@ impl LeaseState {
             tol,
         }
         .run(&mut self.violations);
+        if self.cut > i64::MIN {
+            // The rows before the cut were handed out when it was taken;
+            // the context's are among them.
+            let cut = self.cut;
+            self.grants.retain(|g| g.grant.acquired_at >= cut);
+            self.violations.retain(|v| v.at >= cut);
+            self.holders_from_cut = crate::settle::holders_from(scratch, cut);
+        }
         self.dirty = false;
     }
 

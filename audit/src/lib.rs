@@ -15,7 +15,9 @@
 //! - [`Auditor::holders`]: the last grant of every lease ([`LeaseHolder`]);
 //! - [`Auditor::lease`]: one lease's [`LeaseAudit`];
 //! - [`Auditor::drain_changes`]: violations that appeared or went away since
-//!   the previous call ([`ViolationChanges`]), for alerting.
+//!   the previous call ([`ViolationChanges`]), for alerting;
+//! - [`Auditor::settle`]: the rows that can no longer change, handed out
+//!   and dropped from memory ([`Settled`]).
 //!
 //! Tolerances come from [`AuditConfig`].
 //!
@@ -46,8 +48,15 @@
 //! an end event is open or lapsed depends on the other leases (see below);
 //! it is settled at read time.
 //!
-//! Memory grows with the history: every distinct event is kept, so a
-//! long-running consumer bounds what it feeds one auditor.
+//! Memory grows with the history unless the caller settles it:
+//! [`Auditor::settle`] hands out the rows that can no longer change (a
+//! lease's grants and violations before a cut behind the caller's
+//! lateness horizon) and drops their events, and [`Auditor::take_stale`]
+//! with [`Auditor::reload`] replay a lease whose settled rows a late event
+//! changes. The rows handed out plus the rows answered are always those of
+//! the whole history (the protocol is in `settle.rs`). Event ids stay
+//! interned after their events are dropped (16 bytes and the id's text
+//! per event).
 //!
 //! # Decisions where the contract is silent
 //!
@@ -126,12 +135,13 @@ mod lease;
 mod prefetch;
 mod record;
 mod ser;
+mod settle;
 mod shared;
 mod strtab;
 mod text;
 mod violation;
 
-pub use crate::auditor::Auditor;
+pub use crate::auditor::{Auditor, Settled};
 pub use crate::config::AuditConfig;
 pub use crate::grant::{EndKind, Grant, LeaseHolder};
 pub use crate::lease::LeaseAudit;

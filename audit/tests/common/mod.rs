@@ -305,6 +305,23 @@ pub fn audit_events(config: AuditConfig, events: &[LeaseEvent<'static>]) -> Outc
                 "{name}: lease({lease}) violations"
             );
         }
+        // Distinct ids are what a lake holds (ingest keeps one event per
+        // id), and what settling assumes.
+        if seen_ids.len() + order.iter().filter(|e| e.event_id.is_none()).count() == order.len() {
+            for cutoff_lag in [0, 1_000_000] {
+                let settled = settling(config, &order, cutoff_lag);
+                assert_eq!(
+                    settled.grant_rows(),
+                    outcome.grant_rows(),
+                    "{name}: settling (cutoff {cutoff_lag} us behind): timeline differs"
+                );
+                assert_eq!(
+                    settled.violations, outcome.violations,
+                    "{name}: settling (cutoff {cutoff_lag} us behind): violations differ"
+                );
+                assert_eq!(settled.timeline, outcome.timeline, "{name}: settling");
+            }
+        }
         match &first {
             None => first = Some(outcome),
             Some(f) => {
@@ -333,4 +350,64 @@ pub fn assert_rows(actual: Vec<String>, expected: &[&str]) {
         actual.join("\n  "),
         expected.join("\n  ")
     );
+}
+
+/// What a settling auditor answers for `order` (distinct event ids), as a
+/// long-running one would be driven: after each event, the leases it
+/// made stale are replayed from everything pushed so far (the lake), and
+/// everything `cutoff_lag` behind the latest time is settled. The answer
+/// is the rows handed out plus what the auditor still answers; the
+/// violations `drain_changes` accumulated must be the same.
+pub fn settling(config: AuditConfig, order: &[LeaseEvent<'static>], cutoff_lag: i64) -> Outcome {
+    use std::collections::BTreeMap;
+    let mut auditor = Auditor::new(config);
+    let mut lake: Vec<LeaseEvent<'static>> = Vec::new();
+    let mut stored: BTreeMap<String, (Vec<Grant>, Vec<Violation>)> = BTreeMap::new();
+    let mut alerts: BTreeSet<Violation> = BTreeSet::new();
+    for e in order {
+        auditor.push(e);
+        lake.push(e.clone());
+        for lease in auditor.take_stale() {
+            let void = stored.remove(&*lease).unwrap_or_default();
+            let history: Vec<&LeaseEvent<'static>> =
+                lake.iter().filter(|e| *e.lease_id == *lease).collect();
+            auditor.reload(&lease, history, &void.1);
+        }
+        let changes = auditor.drain_changes();
+        for v in changes.retracted {
+            assert!(alerts.remove(&v), "settling: retracted unknown {v:?}");
+        }
+        for v in changes.appeared {
+            assert!(alerts.insert(v), "settling: appeared twice");
+        }
+        let cutoff = auditor.latest_ts().unwrap() - cutoff_lag;
+        for s in auditor.settle(cutoff) {
+            let rows = stored.entry(s.lease_id.to_string()).or_default();
+            rows.0.extend(s.grants);
+            rows.1.extend(s.violations);
+        }
+    }
+    let mut timeline: Vec<Grant> = stored.values().flat_map(|r| r.0.clone()).collect();
+    let mut violations: Vec<Violation> = stored.values().flat_map(|r| r.1.clone()).collect();
+    // Open and lapsed are judged at the latest time seen: a settled grant
+    // has ended for good, a kept one is judged now.
+    timeline.extend(auditor.timeline());
+    violations.extend(auditor.violations());
+    timeline.sort_by(|a, b| {
+        (&a.lease_id, a.acquired_at, a.fencing_token).cmp(&(
+            &b.lease_id,
+            b.acquired_at,
+            b.fencing_token,
+        ))
+    });
+    violations.sort();
+    assert_eq!(
+        alerts.into_iter().collect::<Vec<_>>(),
+        violations,
+        "settling: drained changes disagree with the rows"
+    );
+    Outcome {
+        timeline,
+        violations,
+    }
 }
