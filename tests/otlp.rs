@@ -1,6 +1,7 @@
 //! OpenTelemetry log records in: the Python SDK's OTLP/HTTP exporter
 //! against `serve --otlp-logs`, and Kafka messages in the Collector's
-//! `otlp_proto` and `otlp_json` encodings against `ingest --encoding`.
+//! `otlp_proto` and `otlp_json` encodings against `ingest --encoding`, and
+//! leaseline-emit's own OTLP sink.
 
 mod common;
 
@@ -117,6 +118,88 @@ fn sdk_log_records_land_once_across_a_retried_export() {
         metrics.contains("leaseline_ingest_rejects_total 1"),
         "{metrics}"
     );
+}
+
+#[test]
+fn the_emit_crates_otlp_sink_lands_a_holders_events_once() {
+    use leaseline_emit::{Emitter, Kind, OtlpConfig, OtlpSink, Sink, Source};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let server = Server::start(&lake, &["--otlp-logs", "--no-pg"], dir.path());
+    let sink = Arc::new(
+        OtlpSink::with_config(OtlpConfig {
+            service_name: Some("billing".into()),
+            ..OtlpConfig::new(&server.http)
+        })
+        .unwrap(),
+    );
+    let holder = Emitter::new(Source::Holder, sink.clone())
+        .holder_id("pod-9")
+        .backend("etcd");
+    let resource = Emitter::new(Source::Resource, sink.clone());
+    let sent = leaseline_emit::mono_ms();
+    holder
+        .event(Kind::Acquired, "orders/o-9")
+        .fencing_token(11)
+        .ttl_ms(10_000)
+        .keepalive_sent_mono_ms(sent)
+        .send()
+        .unwrap();
+    for _ in 0..2 {
+        holder
+            .event(Kind::Renewed, "orders/o-9")
+            .fencing_token(11)
+            .ttl_ms(10_000)
+            .keepalive_sent_mono_ms(leaseline_emit::mono_ms())
+            .send()
+            .unwrap();
+    }
+    resource
+        .event(Kind::WriteAccepted, "orders/o-9")
+        .holder_id("pod-9")
+        .fencing_token(11)
+        .send()
+        .unwrap();
+    holder
+        .event(Kind::Released, "orders/o-9")
+        .fencing_token(11)
+        .send()
+        .unwrap();
+    sink.flush(Duration::from_secs(60)).unwrap();
+    assert_eq!((sink.delivered(), sink.refused()), (5, 0));
+
+    // The emitter's own ids, not ids derived from the records.
+    assert_eq!(
+        rows(
+            &lake,
+            "SELECT count(*), count(DISTINCT event_id), max(event_id LIKE 'otlp-%'), \
+             min(attrs LIKE '%\"service.name\":\"billing\"%') FROM lease_events"
+        ),
+        vec!["5,5,false,true"]
+    );
+    assert_eq!(
+        rows(
+            &lake,
+            "SELECT kind, source, holder_id, fencing_token, mono_ms IS NOT NULL FROM lease_events"
+        ),
+        vec![
+            "acquired,holder,pod-9,11,true",
+            "released,holder,pod-9,11,true",
+            "renewed,holder,pod-9,11,true",
+            "renewed,holder,pod-9,11,true",
+            "write_accepted,resource,pod-9,11,false",
+        ]
+    );
+    assert_eq!(
+        rows(
+            &lake,
+            "SELECT holder_id, fencing_token, end_kind, renewals, writes_accepted FROM lease_timeline"
+        ),
+        vec!["pod-9,11,released,2,1"]
+    );
+    assert_eq!(try_count(&lake, "lease_rejects"), Some(0));
 }
 
 #[test]

@@ -22,7 +22,9 @@
 //! own queue, `queue.buffering.max.messages`). When the queue is full the
 //! event is dropped, counted ([`Emitter::dropped`]) and reported to the
 //! caller: an audit gap is better than a renewal that misses its deadline
-//! while waiting for a broker.
+//! while waiting for a broker. [`OtlpSink`] sends the same events as
+//! OpenTelemetry log records over OTLP/HTTP instead ([`otlp`]), to a
+//! Collector or to `leaseline serve --otlp-logs`, with the same bound.
 //!
 //! ```
 //! use leaseline_emit::{Emitter, Kind, MemorySink, Source};
@@ -53,6 +55,9 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use serde_json::{Map, Value};
 
 pub use leaseline_schema::{Kind, Source};
+
+pub mod otlp;
+pub use otlp::{OtlpConfig, OtlpSink};
 
 /// Why an event was not sent.
 #[derive(Debug, thiserror::Error)]

@@ -196,18 +196,7 @@ pub fn status_body(code: i32, message: &str, encoding: Encoding) -> Vec<u8> {
 
 /// The contract field an attribute name carries, if any.
 fn field_of(key: &str) -> Option<&'static str> {
-    use leaseline_schema::Field;
-    let name = key.strip_prefix("lease.")?;
-    if name == "id" {
-        return Some("lease_id");
-    }
-    // `ts` is the record's time, `attrs` its other attributes, and
-    // `lease_id` is spelled `lease.id`.
-    Field::ALL
-        .into_iter()
-        .filter(|f| !matches!(f, Field::Ts | Field::LeaseId | Field::Attrs))
-        .map(Field::as_str)
-        .find(|f| *f == name)
+    leaseline_schema::Field::of_otlp_attribute(key).map(|f| f.as_str())
 }
 
 fn record_json(

@@ -106,6 +106,44 @@ impl Field {
     fn from_key(key: &str) -> Option<Field> {
         keys::lookup(key.as_bytes())
     }
+
+    /// The OpenTelemetry log attribute that carries this field
+    /// (`docs/event-contract.md`, "From OpenTelemetry"): `lease.<field>`,
+    /// except `lease.id` for `lease_id`, which reads better next to other
+    /// attributes. `ts` is the record's time and `attrs` are its other
+    /// attributes, so neither has one.
+    pub fn otlp_attribute(self) -> Option<&'static str> {
+        const ATTRIBUTES: [&str; 18] = [
+            "",
+            "lease.kind",
+            "lease.source",
+            "lease.id",
+            "lease.holder_id",
+            "lease.fencing_token",
+            "lease.ttl_ms",
+            "lease.event_id",
+            "lease.backend",
+            "lease.latency_ms",
+            "lease.reason",
+            "lease.max_token",
+            "lease.mono_ms",
+            "lease.keepalive_sent_mono_ms",
+            "lease.deadline_mono_ms",
+            "lease.trace_id",
+            "lease.span_id",
+            "",
+        ];
+        Some(ATTRIBUTES[self as usize]).filter(|a| !a.is_empty())
+    }
+
+    /// The field an OpenTelemetry attribute carries, if any (the inverse
+    /// of [`Field::otlp_attribute`]).
+    pub fn of_otlp_attribute(key: &str) -> Option<Field> {
+        key.strip_prefix("lease.")?;
+        Field::ALL
+            .into_iter()
+            .find(|f| f.otlp_attribute() == Some(key))
+    }
 }
 
 impl fmt::Display for Field {
@@ -988,6 +1026,32 @@ fn merge_explicit_first<'de>(explicit: Vec<Attr<'de>>, extra: Vec<Attr<'de>>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn otlp_attributes_name_every_field_but_ts_and_attrs() {
+        for f in Field::ALL {
+            match f.otlp_attribute() {
+                Some(a) => {
+                    assert_eq!(Field::of_otlp_attribute(a), Some(f));
+                    let expected = match f {
+                        Field::LeaseId => "lease.id".to_string(),
+                        _ => format!("lease.{f}"),
+                    };
+                    assert_eq!(a, expected);
+                }
+                None => assert!(matches!(f, Field::Ts | Field::Attrs)),
+            }
+        }
+        for odd in [
+            "lease.lease_id",
+            "lease.ts",
+            "lease.attrs",
+            "kind",
+            "lease.",
+        ] {
+            assert_eq!(Field::of_otlp_attribute(odd), None, "{odd}");
+        }
+    }
 
     #[test]
     fn from_key_inverts_as_str() {
