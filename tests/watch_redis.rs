@@ -2,7 +2,8 @@
 //! renewed, released and left to expire by redis-cli, as lock clients do
 //! (`INCR <key>:token`, then `SET <key> <holder> NX PX <ttl>`), reported
 //! into a lake; the watcher SIGKILLed and restarted while locks change,
-//! its connections to Redis killed under it.
+//! its connections to Redis killed under it; and the same through Kafka
+//! into `serve --ingest`.
 
 mod common;
 
@@ -85,7 +86,18 @@ impl Redis {
     }
 }
 
+/// Where a watcher's events go.
+enum To<'a> {
+    Lake(&'a Path),
+    /// A broker's address and topic.
+    Kafka(&'a str, &'a str),
+}
+
 fn watch(redis: &Redis, lake: &Path, state: &Path, dir: &Path) -> Proc {
+    watch_to(redis, To::Lake(lake), state, dir)
+}
+
+fn watch_to(redis: &Redis, to: To<'_>, state: &Path, dir: &Path) -> Proc {
     let mut cmd = leaseline();
     cmd.args([
         "watch",
@@ -94,15 +106,17 @@ fn watch(redis: &Redis, lake: &Path, state: &Path, dir: &Path) -> Proc {
         &redis.url(),
         "--prefix",
         "locks:",
-    ])
-    .arg("--lake")
-    .arg(lake)
-    .arg("--state-file")
-    .arg(state)
-    // Only notifications and the resync at each start: a later resync
-    // would hide a notification the watcher missed.
-    .args(["--resync-interval", "1h", "--checkpoint-interval", "100ms"])
-    .env("LEASELINE_LOG", "info");
+    ]);
+    match to {
+        To::Lake(lake) => cmd.arg("--lake").arg(lake),
+        To::Kafka(brokers, topic) => cmd.args(["--brokers", brokers, "--topic", topic]),
+    };
+    cmd.arg("--state-file")
+        .arg(state)
+        // Only notifications and the resync at each start: a later resync
+        // would hide a notification the watcher missed.
+        .args(["--resync-interval", "1h", "--checkpoint-interval", "100ms"])
+        .env("LEASELINE_LOG", "info");
     let mut p = Proc::spawn("watch", cmd, dir);
     let runs = p.logs().matches(" watching").count();
     assert!(
@@ -299,4 +313,86 @@ fn locks_are_reported_once_across_restarts_and_lost_connections() {
     );
     assert_eq!(count(&lake, "lease_violations"), 0);
     assert_eq!(count(&lake, "lease_rejects"), 0);
+}
+
+/// The deployment the sources are meant for: the watcher produces to
+/// Kafka and `serve --ingest` consumes, while the watcher is SIGKILLed and
+/// restarted between changes.
+#[tokio::test(flavor = "multi_thread")]
+async fn through_kafka_into_serve_ingest_once_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let state: PathBuf = dir.path().join("watch-state.json");
+    let redis = Redis::start(dir.path());
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 2).await;
+    let server = Server::start(
+        &lake,
+        &[
+            "--ingest",
+            "--brokers",
+            &broker.addr,
+            "--topic",
+            "leases",
+            "--no-pg",
+        ],
+        dir.path(),
+    );
+    let kafka = || To::Kafka(&broker.addr, "leases");
+    let mut w = watch_to(&redis, kafka(), &state, dir.path());
+
+    // A grant renewed and released, the next holder, and a client that
+    // dies holding a lock: nobody renews it, so it expires.
+    assert_eq!(redis.acquire("orders/1", "w-1", 30_000), 1);
+    reported(&redis, &state, &w, "orders/1", 1);
+    redis.renew("orders/1", 60_000);
+    reported(&redis, &state, &w, "orders/1", 1);
+    redis.release("orders/1");
+    reported(&redis, &state, &w, "orders/1", 0);
+    assert_eq!(redis.acquire("orders/1", "w-2", 60_000), 2);
+    reported(&redis, &state, &w, "orders/1", 2);
+    assert_eq!(redis.acquire("jobs/7", "w-3", 2_000), 1);
+    reported(&redis, &state, &w, "jobs/7", 1);
+    reported(&redis, &state, &w, "jobs/7", 0);
+    wait_for_events(&lake, 6, &w);
+
+    // Killed; meanwhile the lock changes hands.
+    w.kill9();
+    redis.release("orders/1");
+    assert_eq!(redis.acquire("orders/1", "w-4", 60_000), 3);
+    let mut w = watch_to(&redis, kafka(), &state, dir.path());
+    reported(&redis, &state, &w, "orders/1", 3);
+    redis.release("orders/1");
+    reported(&redis, &state, &w, "orders/1", 0);
+    // released, acquired (while down), released (live).
+    wait_for_events(&lake, 9, &w);
+    assert!(w.terminate(Duration::from_secs(30)).success());
+
+    let answer = |q: &str| {
+        let r = server.sql(q, &["-H", "Accept: text/csv"]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.text()
+    };
+    assert_eq!(
+        answer(
+            "SELECT lease_id, fencing_token, holder_id, end_kind, renewals, backend \
+             FROM lease_timeline ORDER BY lease_id, fencing_token"
+        ),
+        "lease_id,fencing_token,holder_id,end_kind,renewals,backend\n\
+         jobs/7,1,w-3,expired,0,redis\n\
+         orders/1,1,w-1,released,1,redis\n\
+         orders/1,2,w-2,released,0,redis\n\
+         orders/1,3,w-4,released,0,redis\n"
+    );
+    assert_eq!(
+        answer(
+            "SELECT kind, count(*) AS n, count(DISTINCT event_id) AS ids FROM lease_events \
+             GROUP BY kind ORDER BY kind"
+        ),
+        "kind,n,ids\nacquired,4,4\nexpired,1,1\nreleased,3,3\nrenewed,1,1\n"
+    );
+    assert_eq!(
+        answer("SELECT count(*) AS n FROM lease_violations"),
+        "n\n0\n"
+    );
 }
