@@ -496,3 +496,52 @@ impl Watcher {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mapping::Held;
+
+    fn tracker(locks: &[(&str, i64)]) -> Tracker {
+        let mut t = Tracker::new("s");
+        for (name, deadline_ms) in locks {
+            let held = Held {
+                holder: "w".into(),
+                token: 1,
+                value_hash: 1,
+                deadline_ms: *deadline_ms,
+            };
+            t.observe(name, Observation::Held(held), End::Unknown, 0);
+        }
+        t
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_timer_wakes_just_after_the_earliest_deadline_on_the_service_clock() {
+        let t = tracker(&[("a", 5_000), ("b", 3_000)]);
+        let l = Lapses::default();
+        assert_eq!(l.next(&t, None), None, "no clock read yet");
+        let at = tokio::time::Instant::now();
+        // The service's clock read 1 s ago said 1,000: b lapses 2 s after
+        // that read.
+        let clock = Some((at, 1_000));
+        assert_eq!(l.next(&t, clock), Some(at + Duration::from_millis(2_001)));
+        assert!(l.due(&t, clock).is_empty());
+        tokio::time::advance(Duration::from_millis(2_001)).await;
+        assert_eq!(l.due(&t, clock), vec![("b".to_string(), 3_000)]);
+        tokio::time::advance(Duration::from_millis(2_000)).await;
+        assert_eq!(l.due(&t, clock).len(), 2);
+        // A deadline found past but still there (unreadable) is not due
+        // again until the next resync.
+        let mut l = l;
+        l.unreadable.insert(("b".to_string(), 3_000));
+        assert_eq!(l.next(&t, clock), Some(at + Duration::from_millis(4_001)));
+        assert_eq!(l.due(&t, clock), vec![("a".to_string(), 5_000)]);
+        // A deadline already past when read: due at once.
+        let late = Some((tokio::time::Instant::now(), 9_000));
+        assert_eq!(
+            l.next(&t, late),
+            Some(tokio::time::Instant::now() + Duration::from_millis(1))
+        );
+    }
+}
