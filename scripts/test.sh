@@ -5,6 +5,8 @@
 #     starts its own on a free loopback port with memory:// storage and
 #     stops it when done), built once with cargo and kept in ~/.cargo/bin;
 #   - DuckDB for Python, to read the lake back with another engine;
+#   - PostgreSQL (Debian's postgresql): the `watch postgres` test starts a
+#     server of its own on a free loopback port;
 #   - curl and psql (Debian's postgresql-client), the clients of the HTTP
 #     and PostgreSQL-protocol tests of `leaseline serve`, and the openssl
 #     command, which makes the TLS tests' certificates and reads the one
@@ -169,6 +171,11 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alert
 # redis-cli (redis-tools, which redis-server depends on).
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+# `watch postgres` tests run their own initdb and postgres (Debian's
+# postgresql, the server binaries in /usr/lib/postgresql/<version>/bin), as
+# the postgres user that the package creates when the test runs as root;
+# setpriv (util-linux, above) switches to it.
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
   # shellcheck disable=SC2046 # one word per package
   apt_install $(printf '%s\n' "${missing[@]}" | sort -u)

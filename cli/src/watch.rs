@@ -22,6 +22,7 @@ use leaseline_ingest::pipeline::{self, Polled, SharedWriter, Source, Step};
 use leaseline_ingest::LakeWriter;
 use leaseline_lake::Lake;
 use leaseline_schema::Origin;
+use leaseline_watch::postgres::{self, Postgres, PostgresConfig};
 use leaseline_watch::redis::{Redis, RedisConfig, TokenFrom, ValueLayout};
 use leaseline_watch::{Backend, WatchConfig, WatchStats};
 use tokio_util::sync::CancellationToken;
@@ -34,6 +35,41 @@ use crate::config::Config;
 pub enum WatchCommand {
     /// Redis locks taken with `SET key value NX PX ttl` (docs/sources.md).
     Redis(RedisArgs),
+    /// Leases kept as rows of a PostgreSQL table, changes notified by a
+    /// trigger (docs/sources.md).
+    Postgres(PostgresArgs),
+}
+
+/// Flags of `leaseline watch postgres`.
+#[derive(Debug, clap::Args)]
+pub struct PostgresArgs {
+    /// The database, `postgres://user[:password]@host:port/dbname` (or
+    /// libpq's `key=value` form). Without TLS.
+    #[arg(
+        long,
+        env = "LEASELINE_WATCH_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres",
+        hide_env_values = true
+    )]
+    url: String,
+    /// The lease table, `name` or `schema.name`, with columns `name text
+    /// primary key, holder text, token bigint, expires_at timestamptz`.
+    #[arg(long, env = "LEASELINE_WATCH_POSTGRES_TABLE", default_value = "leases")]
+    table: String,
+    /// Install (or replace) the table's notification trigger at each
+    /// connect; needs the right to create functions and triggers.
+    #[arg(long, env = "LEASELINE_WATCH_POSTGRES_INSTALL")]
+    install: bool,
+    /// Print the SQL that installs the table's notification trigger, and
+    /// exit.
+    #[arg(long)]
+    print_install_sql: bool,
+    /// A query the server does not answer within this long is a lost
+    /// connection.
+    #[arg(long, env = "LEASELINE_WATCH_POSTGRES_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    #[command(flatten)]
+    common: CommonArgs,
 }
 
 /// Flags of `leaseline watch redis`.
@@ -155,6 +191,20 @@ pub async fn run(cmd: WatchCommand, cfg: &Config) -> anyhow::Result<()> {
                 },
                 token,
                 configure_notifications: !a.no_configure,
+                timeout: a.timeout,
+            })?;
+            watch(backend, a.common, cfg, stop).await
+        }
+        WatchCommand::Postgres(a) => {
+            if a.print_install_sql {
+                let sql = postgres::install_sql(&a.table).map_err(anyhow::Error::msg)?;
+                print!("{sql}");
+                return Ok(());
+            }
+            let backend = Postgres::new(PostgresConfig {
+                url: a.url,
+                table: a.table,
+                install: a.install,
                 timeout: a.timeout,
             })?;
             watch(backend, a.common, cfg, stop).await

@@ -23,6 +23,16 @@
 //!    start again at 1 after an exponential backoff (100 ms doubling to
 //!    10 s, with jitter); on the stop token, flush and save, and return.
 //!
+//! A service whose locks lapse without anything being written (a lease
+//! row whose `expires_at` passes: [`Backend::lapses_silently`]) notifies
+//! nothing when a holder stops renewing, so the loop also keeps a timer on
+//! the earliest deadline it reported: when it passes on the service's
+//! clock (as last read, carried forward by the local monotonic clock), the
+//! lock is read again, and a lock found lapsed is `expired` at its
+//! deadline. A lock still held then (the two clocks drifted, or it was
+//! renewed and the notification is on its way) sets the timer again from
+//! that read's clock.
+//!
 //! Where the contract is silent:
 //! - Event ids come from the transition ([`mapping`]), so a transition
 //!   reported twice (a restart before the state file caught up, a resync
@@ -37,10 +47,11 @@
 //!   dropped transition would be lost for good.
 
 pub mod mapping;
+pub mod postgres;
 pub mod redis;
 pub mod state;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,6 +99,11 @@ pub trait Backend: Send {
     fn describe(&self) -> String;
     /// Connects and subscribes to changes (step 1).
     fn connect(&mut self) -> impl Future<Output = Result<Self::Session, WatchError>> + Send;
+    /// Whether a lock can pass its deadline without the service notifying
+    /// it: the loop then reads each lock again at its deadline.
+    fn lapses_silently(&self) -> bool {
+        false
+    }
 }
 
 /// One connection to the lock service.
@@ -215,6 +231,7 @@ pub async fn run<B: Backend>(
         config,
         stats,
         stop,
+        clock: None,
     };
     let backoff = ExponentialBuilder::default()
         .with_min_delay(w.config.backoff_min)
@@ -260,6 +277,63 @@ struct Watcher {
     config: WatchConfig,
     stats: Arc<WatchStats>,
     stop: CancellationToken,
+    /// The service's clock (Unix ms) at the last read, and when that was
+    /// on the local monotonic clock.
+    clock: Option<(tokio::time::Instant, i64)>,
+}
+
+/// The deadline timer of a service whose locks lapse silently.
+#[derive(Debug, Default)]
+struct Lapses {
+    /// Locks read at their deadline and found unreadable, with that
+    /// deadline: left to the next resync.
+    unreadable: HashSet<(String, i64)>,
+}
+
+impl Lapses {
+    fn pending<'a>(&'a self, tracker: &'a Tracker) -> impl Iterator<Item = (&'a String, i64)> {
+        tracker
+            .locks()
+            .iter()
+            .map(|(k, h)| (k, h.deadline_ms))
+            .filter(|(k, d)| !self.unreadable.contains(&((*k).clone(), *d)))
+    }
+
+    /// When the earliest deadline passes, on the local clock.
+    fn next(
+        &self,
+        tracker: &Tracker,
+        clock: Option<(tokio::time::Instant, i64)>,
+    ) -> Option<tokio::time::Instant> {
+        let (at, service_ms) = clock?;
+        let earliest = self.pending(tracker).map(|(_, d)| d).min()?;
+        let wait = earliest.saturating_sub(service_ms).max(0) as u64;
+        // A millisecond past it: a lock is held until its deadline.
+        Some(at + Duration::from_millis(wait + 1))
+    }
+
+    /// The locks whose deadline has passed, with their deadlines.
+    fn due(
+        &self,
+        tracker: &Tracker,
+        clock: Option<(tokio::time::Instant, i64)>,
+    ) -> Vec<(String, i64)> {
+        let Some((at, service_ms)) = clock else {
+            return Vec::new();
+        };
+        let now_ms = service_ms + at.elapsed().as_millis() as i64;
+        self.pending(tracker)
+            .filter(|(_, d)| *d <= now_ms)
+            .map(|(k, d)| (k.clone(), d))
+            .collect()
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Watcher {
@@ -290,18 +364,44 @@ impl Watcher {
         for t in [&mut resync, &mut checkpoint] {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
+        let mut lapses = backend.lapses_silently().then(Lapses::default);
         loop {
+            let lapse_at = lapses.as_ref().and_then(|l| l.next(tracker, self.clock));
             tokio::select! {
                 biased;
                 _ = self.stop.cancelled() => return Ok(()),
-                _ = resync.tick() => self.resync(&mut session, tracker).await?,
+                _ = resync.tick() => {
+                    self.resync(&mut session, tracker).await?;
+                    if let Some(l) = &mut lapses {
+                        l.unreadable.clear();
+                    }
+                }
                 _ = checkpoint.tick() => self.checkpoint(tracker).await?,
                 change = session.next_change() => {
                     let change = change?;
                     WatchStats::add(&self.stats.notifications, 1);
                     let (seen, now_ms) = session.read(&change.lease_id).await?;
+                    self.clock = Some((tokio::time::Instant::now(), now_ms));
                     let events = tracker.observe(&change.lease_id, seen, change.end, now_ms);
                     self.send(tracker, events).await?;
+                }
+                _ = sleep_until(lapse_at), if lapse_at.is_some() => {
+                    let Some(l) = &mut lapses else { continue };
+                    let due = l.due(tracker, self.clock);
+                    for (lease_id, deadline_ms) in due {
+                        let (seen, now_ms) = session.read(&lease_id).await?;
+                        self.clock = Some((tokio::time::Instant::now(), now_ms));
+                        let events = tracker.observe(&lease_id, seen, End::Unknown, now_ms);
+                        self.send(tracker, events).await?;
+                        // Still there with the same deadline, which has
+                        // passed: not readable as a lock (the tracker
+                        // warned); not read again at every turn.
+                        if tracker.locks().get(&lease_id).map(|h| h.deadline_ms) == Some(deadline_ms)
+                            && deadline_ms <= now_ms
+                        {
+                            l.unreadable.insert((lease_id, deadline_ms));
+                        }
+                    }
                 }
             }
         }
@@ -313,6 +413,7 @@ impl Watcher {
         tracker: &mut Tracker,
     ) -> Result<(), WatchError> {
         let scan = session.scan().await?;
+        self.clock = Some((tokio::time::Instant::now(), scan.ended_ms));
         WatchStats::add(&self.stats.resyncs, 1);
         let events = tracker.resync(scan.locks, scan.ended_ms);
         self.send(tracker, events).await
@@ -393,5 +494,54 @@ impl Watcher {
             warn!(error = %e, "state not saved");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mapping::Held;
+
+    fn tracker(locks: &[(&str, i64)]) -> Tracker {
+        let mut t = Tracker::new("s");
+        for (name, deadline_ms) in locks {
+            let held = Held {
+                holder: "w".into(),
+                token: 1,
+                value_hash: 1,
+                deadline_ms: *deadline_ms,
+            };
+            t.observe(name, Observation::Held(held), End::Unknown, 0);
+        }
+        t
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_timer_wakes_just_after_the_earliest_deadline_on_the_service_clock() {
+        let t = tracker(&[("a", 5_000), ("b", 3_000)]);
+        let l = Lapses::default();
+        assert_eq!(l.next(&t, None), None, "no clock read yet");
+        let at = tokio::time::Instant::now();
+        // The service's clock read 1 s ago said 1,000: b lapses 2 s after
+        // that read.
+        let clock = Some((at, 1_000));
+        assert_eq!(l.next(&t, clock), Some(at + Duration::from_millis(2_001)));
+        assert!(l.due(&t, clock).is_empty());
+        tokio::time::advance(Duration::from_millis(2_001)).await;
+        assert_eq!(l.due(&t, clock), vec![("b".to_string(), 3_000)]);
+        tokio::time::advance(Duration::from_millis(2_000)).await;
+        assert_eq!(l.due(&t, clock).len(), 2);
+        // A deadline found past but still there (unreadable) is not due
+        // again until the next resync.
+        let mut l = l;
+        l.unreadable.insert(("b".to_string(), 3_000));
+        assert_eq!(l.next(&t, clock), Some(at + Duration::from_millis(4_001)));
+        assert_eq!(l.due(&t, clock), vec![("a".to_string(), 5_000)]);
+        // A deadline already past when read: due at once.
+        let late = Some((tokio::time::Instant::now(), 9_000));
+        assert_eq!(
+            l.next(&t, late),
+            Some(tokio::time::Instant::now() + Duration::from_millis(1))
+        );
     }
 }

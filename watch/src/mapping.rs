@@ -61,6 +61,10 @@ pub enum End {
     /// The service dropped the key to free memory: `revoked` with reason
     /// `evicted`, now.
     Evicted,
+    /// An operator took the lock away before its deadline (a delete or a
+    /// takeover the service marks as such): `revoked` now, with this
+    /// reason.
+    Revoked(&'static str),
     /// Found gone (or replaced) without word of how, by a read or a
     /// resync: `expired` at its deadline if that has passed, otherwise
     /// `released` now. A delete seen only after the deadline passed is
@@ -150,6 +154,7 @@ fn ended(scope: &str, lease_id: &str, h: &Held, end: End, now_ms: i64) -> Transi
     let (kind, ts, reason) = match end {
         End::Deleted => (Kind::Released, now_ms, None),
         End::Evicted => (Kind::Revoked, now_ms, Some("evicted")),
+        End::Revoked(why) => (Kind::Revoked, now_ms, Some(why)),
         End::Expired => (Kind::Expired, h.deadline_ms.min(now_ms), None),
         End::Unknown if lapsed => (Kind::Expired, h.deadline_ms, None),
         End::Unknown => (Kind::Released, now_ms, None),
@@ -214,6 +219,10 @@ mod tests {
         let t = transitions("s", "L", Some(&a), None, End::Evicted, 3_000);
         assert_eq!(kinds(&t), vec![(Kind::Revoked, 3_000, None)]);
         assert_eq!(t[0].reason, Some("evicted"));
+        let t = transitions("s", "L", Some(&a), None, End::Revoked("operator"), 3_000);
+        assert_eq!(kinds(&t), vec![(Kind::Revoked, 3_000, None)]);
+        assert_eq!(t[0].reason, Some("operator"));
+        assert_eq!(t[0].event_id, "s/L/7/0000000000000001/end");
     }
 
     #[test]
