@@ -24,6 +24,11 @@ const PARALLEL_MIN_LEASES: usize = 2048;
 /// cursor is rarely contended, small enough to even out uneven leases.
 const PARALLEL_RUN_LEASES: usize = 256;
 
+/// Ids kept beyond twice those of the events held before they are
+/// compacted ([`Auditor::settle`]): compacting costs a pass over what is
+/// held, so it waits until it frees at least this many.
+const MIN_ID_COMPACTION: usize = 1 << 14;
+
 /// An event's string hashes, computed ahead of its lookups.
 #[derive(Clone, Copy)]
 struct Hashes {
@@ -139,6 +144,12 @@ impl Auditor {
 
     pub fn is_empty(&self) -> bool {
         self.events == 0
+    }
+
+    /// `event_id`s known, for de-duplication: those of the events held,
+    /// and of settled ones until they are compacted away.
+    pub fn ids_known(&self) -> usize {
+        self.ids.len()
     }
 
     /// Events held in memory: [`Auditor::len`] less what
@@ -563,7 +574,29 @@ impl Auditor {
                 cut: ts,
             });
         }
+        if self.ids.len() > 2 * self.held() + MIN_ID_COMPACTION {
+            self.compact_ids();
+        }
         out
+    }
+
+    /// Forgets the ids of events no longer held, so that the table of ids
+    /// follows what is held rather than the history. A settled event's id
+    /// is then unknown, so a duplicate of it is taken for a new event; it
+    /// is older than its lease's cut, so it makes the lease stale, and the
+    /// replay from the lake (which holds each id once) puts it right.
+    fn compact_ids(&mut self) {
+        self.file_log();
+        let mut ids = EventIds::default();
+        let mut info = Vec::with_capacity(self.held());
+        for state in &mut self.states {
+            for ev in state.events.iter_mut().filter(|e| e.event_id != NONE) {
+                info.push(self.id_info[ev.event_id as usize]);
+                ev.event_id = ids.append_unindexed(self.ids.get(ev.event_id));
+            }
+        }
+        self.ids = ids;
+        self.id_info = info;
     }
 
     /// The leases that were given an event changing rows already settled

@@ -54,9 +54,9 @@
 //! lateness horizon) and drops their events, and [`Auditor::take_stale`]
 //! with [`Auditor::reload`] replay a lease whose settled rows a late event
 //! changes. The rows handed out plus the rows answered are always those of
-//! the whole history (the protocol is in `settle.rs`). Event ids stay
-//! interned after their events are dropped (16 bytes and the id's text
-//! per event).
+//! the whole history (the protocol is in `settle.rs`). The ids of dropped
+//! events are forgotten too, once they outnumber those held; the other
+//! strings events carry (holders, backends, trace ids) stay interned.
 //!
 //! # Decisions where the contract is silent
 //!

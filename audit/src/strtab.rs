@@ -59,6 +59,11 @@ fn home(tag: u64, bits: u32) -> usize {
 }
 
 impl StrTable {
+    /// Symbols given out.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
     pub fn get(&self, sym: Sym) -> &str {
         let i = sym as usize;
         let start = if i == 0 { 0 } else { self.ends[i - 1] };

@@ -353,12 +353,39 @@ fn a_late_release_that_removes_an_overlap_retracts_it_and_corrects_the_rows() {
 #[test]
 fn memory_holds_the_unsettled_tail_not_the_history() {
     let mut svc = Service::new();
-    let history = fleet(7, 20, 300);
-    let mut peak = 0;
-    for chunk in history.chunks(200) {
+    let history = fleet(7, 40, 400);
+    let mut peak = (0, 0);
+    for chunk in history.chunks(500) {
         svc.feed(chunk, 120 * SEC);
-        peak = peak.max(svc.auditor.held());
+        peak.0 = peak.0.max(svc.auditor.held());
+        peak.1 = peak.1.max(svc.auditor.ids_known());
     }
+    // The ids of settled events are forgotten as well.
+    assert!(
+        peak.1 < history.len() / 2,
+        "ids known at most {} of {}",
+        peak.1,
+        history.len()
+    );
+    // And the answer is still the whole history's.
+    let (grants, violations) = full(&history);
+    let mut rows: Vec<String> = svc
+        .stored
+        .values()
+        .flat_map(|r| r.0.iter().map(grant_row))
+        .collect();
+    rows.extend(svc.auditor.timeline().iter().map(grant_row));
+    rows.sort();
+    let mut expected = grants;
+    expected.sort();
+    assert_eq!(rows, expected);
+    let mut rows = svc.stored_violations();
+    rows.extend(svc.auditor.violations().iter().map(violation_row));
+    rows.sort();
+    let mut expected = violations;
+    expected.sort();
+    assert_eq!(rows, expected);
+    let peak = peak.0;
     assert_eq!(svc.auditor.len(), history.len());
     assert!(svc.stored.values().map(|r| r.0.len()).sum::<usize>() > 5000);
     // Two minutes of lateness over a fleet of 20 leases: a small part.
