@@ -61,6 +61,10 @@ pub enum End {
     /// The service dropped the key to free memory: `revoked` with reason
     /// `evicted`, now.
     Evicted,
+    /// The lease under the key was revoked before its deadline (an
+    /// operator's `etcdctl lease revoke`): `revoked` with reason
+    /// `lease revoked`, now.
+    Revoked,
     /// Found gone (or replaced) without word of how, by a read or a
     /// resync: `expired` at its deadline if that has passed, otherwise
     /// `released` now. A delete seen only after the deadline passed is
@@ -150,6 +154,7 @@ fn ended(scope: &str, lease_id: &str, h: &Held, end: End, now_ms: i64) -> Transi
     let (kind, ts, reason) = match end {
         End::Deleted => (Kind::Released, now_ms, None),
         End::Evicted => (Kind::Revoked, now_ms, Some("evicted")),
+        End::Revoked => (Kind::Revoked, now_ms, Some("lease revoked")),
         End::Expired => (Kind::Expired, h.deadline_ms.min(now_ms), None),
         End::Unknown if lapsed => (Kind::Expired, h.deadline_ms, None),
         End::Unknown => (Kind::Released, now_ms, None),
@@ -214,6 +219,9 @@ mod tests {
         let t = transitions("s", "L", Some(&a), None, End::Evicted, 3_000);
         assert_eq!(kinds(&t), vec![(Kind::Revoked, 3_000, None)]);
         assert_eq!(t[0].reason, Some("evicted"));
+        let t = transitions("s", "L", Some(&a), None, End::Revoked, 3_000);
+        assert_eq!(kinds(&t), vec![(Kind::Revoked, 3_000, None)]);
+        assert_eq!(t[0].reason, Some("lease revoked"));
     }
 
     #[test]
