@@ -27,7 +27,8 @@
 # Before any of that it makes sure the build itself can run (README.md,
 # "Building"): Rust at least the workspace's rust-version, which it cannot
 # install, and the Debian packages of a C toolchain, pkg-config, the OpenSSL
-# and zlib headers and Python 3 with pip, which it installs when missing.
+# and zlib headers, Python 3 with pip, and protoc with the protobuf
+# well-known types (etcd-client's build), which it installs when missing.
 # Anything it cannot provide stops it with one line naming what to install,
 # and exit status 2.
 # Usage: scripts/test.sh [extra cargo test args]
@@ -102,6 +103,10 @@ build_missing() {
   pkg-config --exists zlib 2>/dev/null || echo zlib1g-dev
   command -v python3 >/dev/null 2>&1 || echo python3
   python3 -m pip --version >/dev/null 2>&1 || echo python3-pip
+  # etcd-client's build script compiles etcd's .proto files with protoc,
+  # which needs the well-known types (google/protobuf/*.proto).
+  command -v protoc >/dev/null 2>&1 || echo protobuf-compiler
+  [ -f /usr/include/google/protobuf/descriptor.proto ] || echo libprotobuf-dev
 }
 build_need=$(build_missing | sort -u | paste -sd ' ')
 if [ -n "$build_need" ]; then
@@ -110,7 +115,7 @@ if [ -n "$build_need" ]; then
   still=$(build_missing | sort -u | paste -sd ' ')
   [ -z "$still" ] || die "still missing after apt-get: the Debian packages $still"
 fi
-echo "== build prerequisites: rustc $rust_have (>= $rust_min), cc, make, pkg-config, OpenSSL, zlib, python3 with pip =="
+echo "== build prerequisites: rustc $rust_have (>= $rust_min), cc, make, pkg-config, OpenSSL, zlib, python3 with pip, protoc =="
 if [ "${LEASELINE_TEST_PREREQS_ONLY:-0}" = 1 ]; then
   exit 0
 fi
@@ -176,6 +181,9 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 # the postgres user that the package creates when the test runs as root;
 # setpriv (util-linux, above) switches to it.
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
+# `watch etcd` tests start their own etcd and take locks with etcdctl.
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 if [ ${#missing[@]} -gt 0 ]; then
   # shellcheck disable=SC2046 # one word per package
   apt_install $(printf '%s\n' "${missing[@]}" | sort -u)

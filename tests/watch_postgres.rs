@@ -219,38 +219,9 @@ fn watch(pg: &Postgres, broker: &Broker, state: &Path, dir: &Path) -> Proc {
         // later resync would hide a notification the watcher missed.
         .args(["--resync-interval", "1h", "--checkpoint-interval", "100ms"])
         .env("LEASELINE_LOG", "info");
-    let mut p = Proc::spawn("watch", cmd, dir);
-    let runs = p.logs().matches(" watching").count();
-    assert!(
-        wait_until(Duration::from_secs(60), || {
-            assert!(p.running(), "watch exited:\n{}", p.logs());
-            p.logs().matches(" watching").count() > runs
-        }),
-        "watch did not start:\n{}",
-        p.logs()
-    );
-    p
+    spawn_watch(cmd, dir)
 }
 
-/// The leases the state file says were reported: token and deadline.
-fn state_locks(state: &Path) -> Vec<(String, u64, i64)> {
-    let Ok(bytes) = std::fs::read(state) else {
-        return Vec::new();
-    };
-    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    v["locks"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, h)| {
-            (
-                k.clone(),
-                h["token"].as_u64().unwrap(),
-                h["deadline_ms"].as_i64().unwrap(),
-            )
-        })
-        .collect()
-}
 
 /// Waits until the watcher has reported (Kafka acknowledged, the state
 /// file saved) `name` as the table has it now: its live token and
@@ -261,7 +232,7 @@ fn reported(pg: &Postgres, state: &Path, w: &Proc, name: &str) {
     let want = live(pg, name);
     let mut seen = None;
     let ok = wait_until(Duration::from_secs(20), || {
-        seen = state_locks(state)
+        seen = watch_state_locks(state)
             .into_iter()
             .find(|(k, _, _)| k == name)
             .map(|(_, t, d)| (t, d));
@@ -403,7 +374,7 @@ async fn leases_are_reported_once_across_a_watcher_killed_mid_change() {
     reported(&pg, &state, &w, "orders/3");
 
     // jobs/7 lapses.
-    assert!(wait_until(Duration::from_secs(20), || state_locks(&state)
+    assert!(wait_until(Duration::from_secs(20), || watch_state_locks(&state)
         .iter()
         .all(|(k, _, _)| k != "jobs/7")));
     assert_eq!(acquire(&pg, "jobs/9", "w-7", 8_000), 8);

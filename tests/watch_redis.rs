@@ -117,17 +117,7 @@ fn watch_to(redis: &Redis, to: To<'_>, state: &Path, dir: &Path) -> Proc {
         // would hide a notification the watcher missed.
         .args(["--resync-interval", "1h", "--checkpoint-interval", "100ms"])
         .env("LEASELINE_LOG", "info");
-    let mut p = Proc::spawn("watch", cmd, dir);
-    let runs = p.logs().matches(" watching").count();
-    assert!(
-        wait_until(Duration::from_secs(60), || {
-            assert!(p.running(), "watch exited:\n{}", p.logs());
-            p.logs().matches(" watching").count() > runs
-        }),
-        "watch did not start:\n{}",
-        p.logs()
-    );
-    p
+    spawn_watch(cmd, dir)
 }
 
 fn wait_for_events(lake: &Path, n: usize, w: &Proc) {
@@ -144,25 +134,6 @@ fn wait_for_events(lake: &Path, n: usize, w: &Proc) {
     assert_eq!(seen, n, "more events than transitions:\n{}", w.logs());
 }
 
-/// The locks the state file says were reported: token and deadline.
-fn state_locks(state: &Path) -> Vec<(String, u64, i64)> {
-    let Ok(bytes) = std::fs::read(state) else {
-        return Vec::new();
-    };
-    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    v["locks"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, h)| {
-            (
-                k.clone(),
-                h["token"].as_u64().unwrap(),
-                h["deadline_ms"].as_i64().unwrap(),
-            )
-        })
-        .collect()
-}
 
 /// Waits until the watcher has reported (the sink committed, the state
 /// file saved) `lease_id` with `token` and the deadline Redis has now, or
@@ -177,7 +148,7 @@ fn reported(redis: &Redis, state: &Path, w: &Proc, lease_id: &str, token: u64) {
     };
     let mut seen = None;
     let ok = wait_until(Duration::from_secs(20), || {
-        seen = state_locks(state)
+        seen = watch_state_locks(state)
             .into_iter()
             .find(|(k, _, _)| k == lease_id)
             .map(|(_, t, d)| (t, d));

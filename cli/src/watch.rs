@@ -22,6 +22,7 @@ use leaseline_ingest::pipeline::{self, Polled, SharedWriter, Source, Step};
 use leaseline_ingest::LakeWriter;
 use leaseline_lake::Lake;
 use leaseline_schema::Origin;
+use leaseline_watch::etcd::{Etcd, EtcdConfig};
 use leaseline_watch::postgres::{self, Postgres, PostgresConfig};
 use leaseline_watch::redis::{Redis, RedisConfig, TokenFrom, ValueLayout};
 use leaseline_watch::{Backend, WatchConfig, WatchStats};
@@ -35,6 +36,9 @@ use crate::config::Config;
 pub enum WatchCommand {
     /// Redis locks taken with `SET key value NX PX ttl` (docs/sources.md).
     Redis(RedisArgs),
+    /// etcd v3 locks and elections of its `concurrency` package, as
+    /// `etcdctl lock` and `etcdctl elect` make them (docs/sources.md).
+    Etcd(EtcdArgs),
     /// Leases kept as rows of a PostgreSQL table, changes notified by a
     /// trigger (docs/sources.md).
     Postgres(PostgresArgs),
@@ -126,6 +130,40 @@ pub struct RedisArgs {
     common: CommonArgs,
 }
 
+/// Flags of `leaseline watch etcd`.
+#[derive(Debug, clap::Args)]
+pub struct EtcdArgs {
+    /// The cluster's client endpoints, `http://host:port` (comma-separated
+    /// or repeated).
+    #[arg(
+        long,
+        env = "LEASELINE_WATCH_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    endpoints: Vec<String>,
+    /// The locks' keys start with this (`/` added when missing): a lock or
+    /// election `NAME` under it is `<prefix>NAME/<lease hex>`, and its
+    /// `lease_id` is `NAME`.
+    #[arg(long, env = "LEASELINE_WATCH_ETCD_PREFIX")]
+    prefix: String,
+    /// The user, for a cluster with authentication on.
+    #[arg(long, env = "LEASELINE_WATCH_ETCD_USER", requires = "password")]
+    user: Option<String>,
+    /// The user's password.
+    #[arg(long, env = "LEASELINE_WATCH_ETCD_PASSWORD", hide_env_values = true)]
+    password: Option<String>,
+    /// A call etcd does not answer within this long is a lost connection.
+    #[arg(long, env = "LEASELINE_WATCH_ETCD_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// How often the TTL left of each owner's lease is read: renewals
+    /// are seen this often, and it keeps an expiry told from a revoke.
+    #[arg(long, env = "LEASELINE_WATCH_ETCD_LEASE_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    lease_poll_interval: Duration,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
 /// Flags every backend shares: where events go, resync, resume.
 #[derive(Debug, clap::Args)]
 pub struct CommonArgs {
@@ -192,6 +230,16 @@ pub async fn run(cmd: WatchCommand, cfg: &Config) -> anyhow::Result<()> {
                 token,
                 configure_notifications: !a.no_configure,
                 timeout: a.timeout,
+            })?;
+            watch(backend, a.common, cfg, stop).await
+        }
+        WatchCommand::Etcd(a) => {
+            let backend = Etcd::new(EtcdConfig {
+                endpoints: a.endpoints,
+                prefix: a.prefix,
+                user: a.user.zip(a.password),
+                timeout: a.timeout,
+                lease_poll_interval: a.lease_poll_interval,
             })?;
             watch(backend, a.common, cfg, stop).await
         }

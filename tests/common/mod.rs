@@ -1272,3 +1272,40 @@ impl S3Server {
         format!("s3://{}/{prefix}", self.bucket)
     }
 }
+
+/// Starts `leaseline watch ...` (`cmd`) and waits until it logs that it
+/// is watching (its first resync done) once more than before.
+pub fn spawn_watch(cmd: Command, dir: &Path) -> Proc {
+    let mut p = Proc::spawn("watch", cmd, dir);
+    let runs = p.logs().matches(" watching").count();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            assert!(p.running(), "watch exited:\n{}", p.logs());
+            p.logs().matches(" watching").count() > runs
+        }),
+        "watch did not start:\n{}",
+        p.logs()
+    );
+    p
+}
+
+/// The locks a watcher's state file says were reported: name, token and
+/// deadline; none before its first save.
+pub fn watch_state_locks(state: &Path) -> Vec<(String, u64, i64)> {
+    let Ok(bytes) = std::fs::read(state) else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    v["locks"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, h)| {
+            (
+                k.clone(),
+                h["token"].as_u64().unwrap(),
+                h["deadline_ms"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}

@@ -4,7 +4,7 @@
 //! `revoked` when the service itself drops a lock.
 //!
 //! One loop ([`run`]) serves every lock service through [`Backend`] and
-//! [`Session`]; [`redis`] is the first backend. The protocol:
+//! [`Session`]; [`redis`] and [`etcd`] are the backends. The protocol:
 //!
 //! 1. connect, and subscribe to the service's change notifications
 //!    *before* reading anything, so that no change falls between the read
@@ -17,6 +17,11 @@
 //!    says what is there;
 //! 4. resync again every `resync_interval`, since notifications may be lost
 //!    (Redis pub/sub is at most once);
+//!
+//!    a service with an ordered history (etcd) also hands out a cursor
+//!    ([`Session::cursor`]): it is saved with the locks, and the next
+//!    connect replays the history from there instead of guessing from a
+//!    scan how the locks changed meanwhile;
 //! 5. every `checkpoint_interval`, once the sink holds everything reported
 //!    durably ([`Sink::flush`]), save what was reported to the state file;
 //! 6. when the service goes away, log it, count it ([`WatchStats`]), and
@@ -46,6 +51,7 @@
 //!   instead of dropping: a watcher has no lease loop to protect, and a
 //!   dropped transition would be lost for good.
 
+pub mod etcd;
 pub mod mapping;
 pub mod postgres;
 pub mod redis;
@@ -63,7 +69,7 @@ use leaseline_emit::{EmitError, Emitter, Sink, Source};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::mapping::{End, Transition};
+use crate::mapping::{End, Held, Transition};
 use crate::state::{Observation, Tracker};
 
 /// What can go wrong while watching.
@@ -97,6 +103,10 @@ pub trait Backend: Send {
     fn scope(&self) -> String;
     /// Where it connects, for logs (no credentials).
     fn describe(&self) -> String;
+    /// Before each connect: what was reported so far, and where in the
+    /// service's history that stands ([`Session::cursor`] as last saved),
+    /// for a backend that resumes from there rather than from a scan.
+    fn resume(&mut self, _cursor: Option<i64>, _reported: &BTreeMap<String, Held>) {}
     /// Connects and subscribes to changes (step 1).
     fn connect(&mut self) -> impl Future<Output = Result<Self::Session, WatchError>> + Send;
     /// Whether a lock can pass its deadline without the service notifying
@@ -119,6 +129,13 @@ pub trait Session: Send {
     /// Every lock, each with the time it was read, and the time the scan
     /// ended.
     fn scan(&mut self) -> impl Future<Output = Result<Scan, WatchError>> + Send;
+    /// For a service with an ordered history (etcd's revisions): the
+    /// position up to which every change has been handed out by the scan
+    /// and [`Session::next_change`]. The loop saves it with the locks once
+    /// their events are sent, and gives it back to [`Backend::resume`].
+    fn cursor(&self) -> Option<i64> {
+        None
+    }
 }
 
 /// Every lock a scan found, with the service's time of each read, and
@@ -345,6 +362,7 @@ impl Watcher {
         tracker: &mut Tracker,
         connected: &mut bool,
     ) -> Result<(), WatchError> {
+        backend.resume(tracker.cursor(), tracker.locks());
         let mut session = tokio::select! {
             _ = self.stop.cancelled() => return Ok(()),
             s = backend.connect() => s?,
@@ -384,6 +402,7 @@ impl Watcher {
                     self.clock = Some((tokio::time::Instant::now(), now_ms));
                     let events = tracker.observe(&change.lease_id, seen, change.end, now_ms);
                     self.send(tracker, events).await?;
+                    tracker.set_cursor(session.cursor());
                 }
                 _ = sleep_until(lapse_at), if lapse_at.is_some() => {
                     let Some(l) = &mut lapses else { continue };
@@ -416,7 +435,9 @@ impl Watcher {
         self.clock = Some((tokio::time::Instant::now(), scan.ended_ms));
         WatchStats::add(&self.stats.resyncs, 1);
         let events = tracker.resync(scan.locks, scan.ended_ms);
-        self.send(tracker, events).await
+        self.send(tracker, events).await?;
+        tracker.set_cursor(session.cursor());
+        Ok(())
     }
 
     async fn send(&mut self, tracker: &Tracker, events: Vec<Transition>) -> Result<(), WatchError> {

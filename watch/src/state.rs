@@ -34,6 +34,11 @@ pub struct Snapshot {
     /// scope (another database, another prefix) is not this watcher's.
     pub scope: String,
     pub locks: BTreeMap<String, Held>,
+    /// Where in the service's history the locks were seen, for a service
+    /// that can replay its history from there (etcd's revision, see
+    /// [`crate::Session::cursor`]); absent for one that cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<i64>,
 }
 
 /// The locks as last reported.
@@ -41,6 +46,7 @@ pub struct Snapshot {
 pub struct Tracker {
     scope: String,
     locks: BTreeMap<String, Held>,
+    cursor: Option<i64>,
     /// Locks currently unreadable: warned about once until they read
     /// again.
     bad: HashSet<String>,
@@ -61,6 +67,7 @@ impl Tracker {
         Tracker {
             scope: snapshot.scope,
             locks: snapshot.locks,
+            cursor: snapshot.cursor,
             ..Tracker::default()
         }
     }
@@ -71,6 +78,21 @@ impl Tracker {
 
     pub fn locks(&self) -> &BTreeMap<String, Held> {
         &self.locks
+    }
+
+    /// Where in the service's history [`Tracker::locks`] stand, if the
+    /// service has one.
+    pub fn cursor(&self) -> Option<i64> {
+        self.cursor
+    }
+
+    /// The service's history was followed up to `cursor`: everything it
+    /// holds is reported.
+    pub fn set_cursor(&mut self, cursor: Option<i64>) {
+        if cursor.is_some() && cursor != self.cursor {
+            self.cursor = cursor;
+            self.dirty = true;
+        }
     }
 
     /// How many times a lock was found unreadable (each lock counted once
@@ -94,6 +116,7 @@ impl Tracker {
         Snapshot {
             scope: self.scope.clone(),
             locks: self.locks.clone(),
+            cursor: self.cursor,
         }
     }
 
@@ -239,9 +262,11 @@ mod tests {
         assert_eq!(load(&path).unwrap(), None);
         let mut t = Tracker::new("s");
         t.observe("a", held("w-1", 1, 10_000), End::Unknown, 0);
+        t.set_cursor(Some(41));
         save(&path, &t.snapshot()).unwrap();
         let mut again = Tracker::resume(load(&path).unwrap().unwrap());
         assert_eq!(again.scope(), "s");
+        assert_eq!(again.cursor(), Some(41));
         let found = BTreeMap::from([("a".to_string(), (held("w-1", 1, 10_000), 900))]);
         assert!(again.resync(found, 1_000).is_empty());
     }
