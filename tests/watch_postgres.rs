@@ -222,7 +222,6 @@ fn watch(pg: &Postgres, broker: &Broker, state: &Path, dir: &Path) -> Proc {
     spawn_watch(cmd, dir)
 }
 
-
 /// Waits until the watcher has reported (Kafka acknowledged, the state
 /// file saved) `name` as the table has it now: its live token and
 /// deadline, or no lease. One change at a time: the watcher reads a row
@@ -374,9 +373,11 @@ async fn leases_are_reported_once_across_a_watcher_killed_mid_change() {
     reported(&pg, &state, &w, "orders/3");
 
     // jobs/7 lapses.
-    assert!(wait_until(Duration::from_secs(20), || watch_state_locks(&state)
-        .iter()
-        .all(|(k, _, _)| k != "jobs/7")));
+    assert!(wait_until(Duration::from_secs(20), || watch_state_locks(
+        &state
+    )
+    .iter()
+    .all(|(k, _, _)| k != "jobs/7")));
     assert_eq!(acquire(&pg, "jobs/9", "w-7", 8_000), 8);
     reported(&pg, &state, &w, "jobs/9");
     // orders/2 acquired; orders/1 acquired, renewed, released, acquired;

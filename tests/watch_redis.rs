@@ -134,7 +134,6 @@ fn wait_for_events(lake: &Path, n: usize, w: &Proc) {
     assert_eq!(seen, n, "more events than transitions:\n{}", w.logs());
 }
 
-
 /// Waits until the watcher has reported (the sink committed, the state
 /// file saved) `lease_id` with `token` and the deadline Redis has now, or
 /// none with `token` 0. One change at a time: a watcher reads a lock when
