@@ -263,21 +263,6 @@ fn wait_for_events(server: &Server, n: usize, w: &Proc) {
     assert_eq!(seen, n, "more events than transitions:\n{}", w.logs());
 }
 
-/// The `events=` of the last `watch stopped` line: what that run sent.
-fn last_run_events(log: &str) -> u64 {
-    let line = log
-        .lines()
-        .rfind(|l| l.contains("watch stopped"))
-        .expect("a watch stopped line");
-    let at = line.find("events=").unwrap() + "events=".len();
-    line[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn leases_are_reported_once_across_a_watcher_killed_mid_change() {
     let dir = tempfile::tempdir().unwrap();

@@ -168,21 +168,6 @@ fn timeline(lake: &Path) -> String {
     )
 }
 
-/// The `events=` of the last `watch stopped` line: what that run sent.
-fn last_run_events(log: &str) -> u64 {
-    let line = log
-        .lines()
-        .rfind(|l| l.contains("watch stopped"))
-        .expect("a watch stopped line");
-    let at = line.find("events=").unwrap() + "events=".len();
-    line[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn locks_are_reported_once_across_restarts_and_lost_connections() {
     let dir = tempfile::tempdir().unwrap();

@@ -1309,3 +1309,18 @@ pub fn watch_state_locks(state: &Path) -> Vec<(String, u64, i64)> {
         })
         .collect()
 }
+
+/// The `events=` of the last `watch stopped` line: what that run sent.
+pub fn last_run_events(log: &str) -> u64 {
+    let line = log
+        .lines()
+        .rfind(|l| l.contains("watch stopped"))
+        .expect("a watch stopped line");
+    let at = line.find("events=").unwrap() + "events=".len();
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
