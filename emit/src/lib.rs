@@ -166,10 +166,13 @@ impl Sink for KafkaSink {
     }
 }
 
+/// Messages kept by a [`MemorySink`]: key and payload.
+type Kept = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// Keeps messages in memory, for tests of code that emits.
 #[derive(Clone, Default)]
 pub struct MemorySink {
-    messages: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
+    messages: Kept,
     capacity: Option<usize>,
 }
 

@@ -199,10 +199,9 @@ impl Fanout {
     pub(crate) async fn sync(&mut self, timeout: std::time::Duration) -> bool {
         self.send().await;
         let sent = self.sent;
-        match tokio::time::timeout(timeout, self.handled.wait_for(|h| *h >= sent)).await {
-            Ok(_) => true,
-            Err(_) => false,
-        }
+        tokio::time::timeout(timeout, self.handled.wait_for(|h| *h >= sent))
+            .await
+            .is_ok()
     }
 }
 

@@ -196,8 +196,7 @@ fn push_all(w: &mut LakeWriter, path: &str, records: &[Vec<u8>]) -> Accepted {
             Pushed::Duplicate => acc.duplicates += 1,
             Pushed::Reject => {
                 let err = leaseline_schema::decode(record)
-                    .err()
-                    .expect("a record the writer refused does not decode");
+                    .expect_err("a record the writer refused does not decode");
                 acc.rejected
                     .push((u32::try_from(line).unwrap_or(u32::MAX), err));
             }

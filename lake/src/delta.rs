@@ -96,7 +96,7 @@ fn delta_schema(table: Table) -> Result<StructType> {
     let s: StructType = arrow.as_ref().try_into_kernel()?;
     let mut fields: Vec<StructField> = s.fields().cloned().collect();
     fields.push(StructField::new(PARTITION_COLUMN, DataType::DATE, true));
-    Ok(StructType::try_new(fields).map_err(|e| LakeError::Delta(e.to_string()))?)
+    StructType::try_new(fields).map_err(|e| LakeError::Delta(e.to_string()))
 }
 
 /// The app id of the `txn` that holds a topic-partition's position in the

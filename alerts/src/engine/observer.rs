@@ -26,7 +26,7 @@ pub(crate) trait Observer: Send {
     /// The value a windowed rule computed at its last evaluation.
     fn rule_value(&self, _rule: AlertName, _backend: Option<&str>, _value: f64) {}
     /// The alerts open after a step.
-    fn active<'a>(&self, _alerts: &mut dyn Iterator<Item = &'a Alert>) {}
+    fn active(&self, _alerts: &mut dyn Iterator<Item = &Alert>) {}
 }
 
 /// Nobody watches.
@@ -100,7 +100,7 @@ impl Observer for LeaseMetrics {
             .set(value);
     }
 
-    fn active<'a>(&self, alerts: &mut dyn Iterator<Item = &'a Alert>) {
+    fn active(&self, alerts: &mut dyn Iterator<Item = &Alert>) {
         let mut counts: BTreeMap<(AlertName, AlertState), i64> = BTreeMap::new();
         for name in AlertName::ALL {
             counts.insert((name, AlertState::Firing), 0);
