@@ -7,6 +7,8 @@
 #   - DuckDB for Python, to read the lake back with another engine;
 #   - PostgreSQL (Debian's postgresql): the `watch postgres` test starts a
 #     server of its own on a free loopback port;
+#   - ZooKeeper (Debian's zookeeper, and its Java runtime): the `watch
+#     zookeeper` test starts a standalone server of its own and zkCli;
 #   - curl and psql (Debian's postgresql-client), the clients of the HTTP
 #     and PostgreSQL-protocol tests of `leaseline serve`, and the openssl
 #     command, which makes the TLS tests' certificates and reads the one
@@ -184,6 +186,10 @@ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
 # `watch etcd` tests start their own etcd and take locks with etcdctl.
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+# `watch zookeeper` tests start their own standalone ZooKeeper and zkCli
+# from the jar of Debian's ZooKeeper (zookeeperd pulls it in with a Java
+# runtime; its system service is not used).
+{ [ -f /usr/share/java/zookeeper.jar ] && [ -f /etc/init.d/zookeeper ] && command -v java >/dev/null 2>&1; } || missing+=(zookeeperd)
 if [ ${#missing[@]} -gt 0 ]; then
   # shellcheck disable=SC2046 # one word per package
   apt_install $(printf '%s\n' "${missing[@]}" | sort -u)

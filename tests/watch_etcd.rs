@@ -187,18 +187,11 @@ fn watch_etcd(etcd: &Etcd, broker: &Broker, state: &Path, dir: &Path) -> Proc {
 fn serve(dir: &Path, broker: &Broker) -> Server {
     let config = dir.join("leaseline.toml");
     std::fs::write(&config, "[flush]\nflush_interval = \"300ms\"\n").unwrap();
-    Server::start(
+    Server::ingesting(
         &dir.join("lake"),
-        &[
-            "--ingest",
-            "--brokers",
-            &broker.addr,
-            "--topic",
-            "leases",
-            "--config",
-            config.to_str().unwrap(),
-            "--no-pg",
-        ],
+        &broker.addr,
+        "leases",
+        &["--config", config.to_str().unwrap(), "--no-pg"],
         dir,
     )
 }

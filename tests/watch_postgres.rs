@@ -240,29 +240,6 @@ fn reported(pg: &Postgres, state: &Path, w: &Proc, name: &str) {
     assert!(ok, "{name}: reported {seen:?}, not {want:?}:\n{}", w.logs());
 }
 
-fn served_events(server: &Server) -> usize {
-    let out = server
-        .sql(
-            "SELECT count(*) AS n FROM lease_events",
-            &["-H", "Accept: text/csv"],
-        )
-        .text();
-    out.lines()
-        .nth(1)
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn wait_for_events(server: &Server, n: usize, w: &Proc) {
-    let mut seen = 0;
-    let ok = wait_until(Duration::from_secs(30), || {
-        seen = served_events(server);
-        seen >= n
-    });
-    assert!(ok, "{seen} events served, waited for {n}:\n{}", w.logs());
-    assert_eq!(seen, n, "more events than transitions:\n{}", w.logs());
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn leases_are_reported_once_across_a_watcher_killed_mid_change() {
     let dir = tempfile::tempdir().unwrap();
@@ -289,14 +266,11 @@ async fn leases_are_reported_once_across_a_watcher_killed_mid_change() {
 
     let broker = Broker::start(dir.path());
     broker.create_topic("lease-events", 1).await;
-    let server = Server::start(
+    let server = Server::ingesting(
         &lake,
+        &broker.addr,
+        "lease-events",
         &[
-            "--ingest",
-            "--brokers",
-            &broker.addr,
-            "--topic",
-            "lease-events",
             "--group-id",
             "watch-postgres",
             "--flush-interval",
@@ -416,20 +390,12 @@ async fn leases_are_reported_once_across_a_watcher_killed_mid_change() {
                     orders/2,1,w-6,open,1,postgres\n\
                     orders/3,6,w-9,revoked,0,postgres\n\
                     orders/3,7,w-10,open,0,postgres\n";
-    assert_eq!(
-        server.sql(timeline_sql, &["-H", "Accept: text/csv"]).text(),
-        timeline
-    );
-    let mut server = server;
-    assert!(server.proc.terminate(Duration::from_secs(30)).success());
-    assert_eq!(sql(&lake, timeline_sql, "csv"), timeline);
-    assert_eq!(
-        sql(
-            &lake,
-            "SELECT kind, count(*) AS n, count(DISTINCT event_id) AS ids FROM lease_events GROUP BY kind ORDER BY kind",
-            "csv"
-        ),
-        "kind,n,ids\nacquired,10,10\nexpired,2,2\nreleased,3,3\nrenewed,2,2\nrevoked,2,2\n"
+    assert_served_then_stored(
+        server,
+        &lake,
+        timeline_sql,
+        timeline,
+        "kind,n,ids\nacquired,10,10\nexpired,2,2\nreleased,3,3\nrenewed,2,2\nrevoked,2,2\n",
     );
     assert_eq!(
         sql(

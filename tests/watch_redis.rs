@@ -281,18 +281,7 @@ async fn through_kafka_into_serve_ingest_once_across_a_restart() {
     let redis = Redis::start(dir.path());
     let broker = Broker::start(dir.path());
     broker.create_topic("leases", 2).await;
-    let server = Server::start(
-        &lake,
-        &[
-            "--ingest",
-            "--brokers",
-            &broker.addr,
-            "--topic",
-            "leases",
-            "--no-pg",
-        ],
-        dir.path(),
-    );
+    let server = Server::ingesting(&lake, &broker.addr, "leases", &["--no-pg"], dir.path());
     let kafka = || To::Kafka(&broker.addr, "leases");
     let mut w = watch_to(&redis, kafka(), &state, dir.path());
 

@@ -25,6 +25,7 @@ use leaseline_schema::Origin;
 use leaseline_watch::etcd::{Etcd, EtcdConfig};
 use leaseline_watch::postgres::{self, Postgres, PostgresConfig};
 use leaseline_watch::redis::{Redis, RedisConfig, TokenFrom, ValueLayout};
+use leaseline_watch::zookeeper::{ZooKeeper, ZooKeeperConfig};
 use leaseline_watch::{Backend, WatchConfig, WatchStats};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -42,6 +43,38 @@ pub enum WatchCommand {
     /// Leases kept as rows of a PostgreSQL table, changes notified by a
     /// trigger (docs/sources.md).
     Postgres(PostgresArgs),
+    /// ZooKeeper locks (the lock recipe, Curator's InterProcessMutex):
+    /// ephemeral sequential nodes under a root (docs/sources.md).
+    Zookeeper(ZooKeeperArgs),
+}
+
+/// Flags of `leaseline watch zookeeper`.
+#[derive(Debug, clap::Args)]
+pub struct ZooKeeperArgs {
+    /// The ensemble, `host:port[,host:port]`.
+    #[arg(
+        long,
+        env = "LEASELINE_WATCH_ZOOKEEPER_CONNECT",
+        default_value = "127.0.0.1:2181"
+    )]
+    connect: String,
+    /// The locks are the children of this node.
+    #[arg(long, env = "LEASELINE_WATCH_ZOOKEEPER_ROOT", default_value = "/locks")]
+    root: String,
+    /// Where to ask `dump` whether a lock's session still lives, to tell a
+    /// release from a session's expiry (`host:port`; in an ensemble, the
+    /// leader). Default: the first server of `--connect`.
+    #[arg(long, env = "LEASELINE_WATCH_ZOOKEEPER_DUMP_AT")]
+    dump_at: Option<String>,
+    /// The watcher's own session timeout.
+    #[arg(long, env = "LEASELINE_WATCH_ZOOKEEPER_SESSION_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    session_timeout: Duration,
+    /// A request the server does not answer within this long is a lost
+    /// connection.
+    #[arg(long, env = "LEASELINE_WATCH_ZOOKEEPER_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    #[command(flatten)]
+    common: CommonArgs,
 }
 
 /// Flags of `leaseline watch postgres`.
@@ -253,6 +286,16 @@ pub async fn run(cmd: WatchCommand, cfg: &Config) -> anyhow::Result<()> {
                 url: a.url,
                 table: a.table,
                 install: a.install,
+                timeout: a.timeout,
+            })?;
+            watch(backend, a.common, cfg, stop).await
+        }
+        WatchCommand::Zookeeper(a) => {
+            let backend = ZooKeeper::new(ZooKeeperConfig {
+                connect: a.connect,
+                root: a.root,
+                dump_at: a.dump_at,
+                session_timeout: a.session_timeout,
                 timeout: a.timeout,
             })?;
             watch(backend, a.common, cfg, stop).await

@@ -581,6 +581,14 @@ impl Server {
         Server::start_expecting(lake, args, dir, 200)
     }
 
+    /// [`Server::start`] with `--ingest` from `topic` of the broker at
+    /// `brokers`, and `args` after.
+    pub fn ingesting(lake: &Path, brokers: &str, topic: &str, args: &[&str], dir: &Path) -> Server {
+        let mut all = vec!["--ingest", "--brokers", brokers, "--topic", topic];
+        all.extend_from_slice(args);
+        Server::start(lake, &all, dir)
+    }
+
     /// Like [`Server::start`], waiting until `/health` answers `health`
     /// (503 for a lake that is damaged).
     pub fn start_expecting(lake: &Path, args: &[&str], dir: &Path, health: u16) -> Server {
@@ -1323,4 +1331,57 @@ pub fn last_run_events(log: &str) -> u64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// `count(*)` of `lease_events` as `serve` answers it; 0 before it answers.
+pub fn served_events(server: &Server) -> usize {
+    let out = server
+        .sql(
+            "SELECT count(*) AS n FROM lease_events",
+            &["-H", "Accept: text/csv"],
+        )
+        .text();
+    out.lines()
+        .nth(1)
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until `serve` holds `n` events, then asserts it holds no more:
+/// a watcher (`w`, whose logs a failure shows) sent each transition once.
+pub fn wait_for_events(server: &Server, n: usize, w: &Proc) {
+    let mut seen = 0;
+    let ok = wait_until(Duration::from_secs(30), || {
+        seen = served_events(server);
+        seen >= n
+    });
+    assert!(ok, "{seen} events served, waited for {n}:\n{}", w.logs());
+    assert_eq!(seen, n, "more events than transitions:\n{}", w.logs());
+}
+
+/// The end of a watcher's run through `serve --ingest`: `serve` answers
+/// `timeline_sql` with `timeline`, then stops cleanly, and `leaseline sql`
+/// on the lake answers the same; `lease_events` holds `kinds` (the CSV of
+/// kind, rows and distinct ids: every event once).
+pub fn assert_served_then_stored(
+    mut server: Server,
+    lake: &Path,
+    timeline_sql: &str,
+    timeline: &str,
+    kinds: &str,
+) {
+    assert_eq!(
+        server.sql(timeline_sql, &["-H", "Accept: text/csv"]).text(),
+        timeline
+    );
+    assert!(server.proc.terminate(Duration::from_secs(30)).success());
+    assert_eq!(sql(lake, timeline_sql, "csv"), timeline);
+    assert_eq!(
+        sql(
+            lake,
+            "SELECT kind, count(*) AS n, count(DISTINCT event_id) AS ids FROM lease_events GROUP BY kind ORDER BY kind",
+            "csv"
+        ),
+        kinds
+    );
 }

@@ -56,6 +56,7 @@ pub mod mapping;
 pub mod postgres;
 pub mod redis;
 pub mod state;
+pub mod zookeeper;
 
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
