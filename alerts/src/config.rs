@@ -68,6 +68,13 @@ pub struct AlertsConfig {
     /// Where alerts go; several at once. Default: none (the console and the
     /// `lease_alerts` table only).
     pub receivers: Vec<ReceiverConfig>,
+    /// How far behind its newest event a replay (`import`) keeps the
+    /// audit's events in memory: older grants are settled and let go of,
+    /// and a lease given an event later than this is audited again from
+    /// the lake at the end (see [`crate::Settling`]). `0s` keeps the whole
+    /// history. Default 10 min.
+    #[serde(with = "humantime_serde")]
+    pub replay_audit_window: Duration,
     pub rules: RulesConfig,
 }
 
@@ -81,6 +88,7 @@ impl Default for AlertsConfig {
             external_url: None,
             queue_capacity: 10_000,
             receivers: Vec::new(),
+            replay_audit_window: Duration::from_secs(600),
             rules: RulesConfig::default(),
         }
     }

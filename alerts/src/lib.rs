@@ -26,6 +26,7 @@ pub mod live;
 mod metrics;
 mod notify;
 pub mod rebuild;
+mod settling;
 mod text;
 
 pub use crate::alert::{Alert, AlertKey, AlertName, AlertState};
@@ -38,3 +39,4 @@ pub use crate::error::{AlertError, Result};
 pub use crate::history::{AlertHistory, Recorded, ALERTS_DIR};
 pub use crate::metrics::{LeaseMetrics, LeaseTotals};
 pub use crate::notify::Notifier;
+pub use crate::settling::Settling;

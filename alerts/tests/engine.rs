@@ -449,3 +449,114 @@ fn partitions_read_at_uneven_speeds_fire_the_violations_of_a_replay() {
         }
     }
 }
+
+/// Audits every stale lease again from `lake`; returns how many.
+fn reload_stale(e: &mut AlertEngine, lake: &[LeaseEvent<'static>]) -> usize {
+    let stale = e.take_stale();
+    for lease in &stale {
+        let history: Vec<LeaseEvent<'static>> = lake
+            .iter()
+            .filter(|x| *x.lease_id == **lease)
+            .cloned()
+            .collect();
+        e.reload(lease, &history);
+    }
+    stale.len()
+}
+
+/// A replay as `import` runs it, the whole history pushed before time
+/// moves: every change, the most events its audit held at once, and the
+/// leases re-audited. With a `window` (µs) the audit settles what is that
+/// far behind the newest event, and a lease given an event older than
+/// what it let go of is re-audited from the events given so far (the
+/// lake's rows): at once, or at the end of the input as `import` does.
+fn replay(
+    order: &[LeaseEvent<'static>],
+    window: Option<i64>,
+    reload_at_end: bool,
+) -> (Vec<String>, usize, usize) {
+    let mut e = engine();
+    let mut lake: Vec<LeaseEvent<'static>> = Vec::new();
+    let mut reloads = 0;
+    for (i, ev) in order.iter().enumerate() {
+        assert!(e.push(ev));
+        lake.push(ev.clone());
+        if let Some(w) = window {
+            if !reload_at_end {
+                reloads += reload_stale(&mut e, &lake);
+            }
+            if i % 25 == 0 {
+                e.settle(e.max_ts().unwrap() - w);
+            }
+        }
+    }
+    let held = e.held_events();
+    reloads += reload_stale(&mut e, &lake);
+    e.finish_replay();
+    let mut changes: Vec<String> = e
+        .take_changes()
+        .iter()
+        .map(|a| {
+            format!(
+                "{:?} {:?} {} {:?}",
+                a.state,
+                a.labels(),
+                a.starts_at,
+                a.ends_at
+            )
+        })
+        .collect();
+    changes.sort();
+    (changes, held, reloads)
+}
+
+#[test]
+fn a_replay_whose_audit_settles_fires_the_alerts_of_one_that_keeps_everything() {
+    const WINDOW_US: i64 = 20_000_000;
+    let mut reloads = 0;
+    for seed in 0..6 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let in_order = history(&mut rng);
+        // In order, the audit lets go of most of the history (20 s of
+        // 120 s are in the window; grants that overlap or end late, and
+        // the few events later grants are judged against, stay longer).
+        let (whole, whole_held, _) = replay(&in_order, None, false);
+        let (settled, settled_held, n) = replay(&in_order, Some(WINDOW_US), false);
+        assert!(
+            whole.iter().any(|c| c.contains("SafetyViolation")),
+            "seed {seed}: the history makes violations"
+        );
+        assert_eq!(whole, settled, "seed {seed}, in order");
+        assert_eq!((whole_held, n), (in_order.len(), 0));
+        assert!(
+            settled_held * 2 < whole_held,
+            "seed {seed}: the settling audit held {settled_held} of {whole_held} events"
+        );
+        // One event in twenty arrives up to a minute late: past the
+        // window, so its lease is audited again, and it may make or
+        // unmake an overlap.
+        let mut arrivals: Vec<(i64, LeaseEvent<'static>)> = in_order
+            .into_iter()
+            .map(|e| {
+                let late = if rng.random_bool(0.05) {
+                    rng.random_range(0..60_000_000)
+                } else {
+                    0
+                };
+                (e.ts_us + late, e)
+            })
+            .collect();
+        arrivals.sort_by_key(|(at, _)| *at);
+        let order: Vec<LeaseEvent<'static>> = arrivals.into_iter().map(|(_, e)| e).collect();
+        let (whole, _, _) = replay(&order, None, false);
+        for at_end in [false, true] {
+            let (settled, _, n) = replay(&order, Some(WINDOW_US), at_end);
+            reloads += n;
+            assert_eq!(
+                whole, settled,
+                "seed {seed}, late events, reloaded at the end: {at_end}"
+            );
+        }
+    }
+    assert!(reloads > 0, "no late event made a lease stale");
+}

@@ -462,6 +462,8 @@ impl Auditor {
         let total = self.states.iter().map(|s| s.grants.len()).sum();
         let mut out = Vec::with_capacity(total);
         for state in self.sorted_states() {
+            // Kept rows were acquired before the cut, the others from it on.
+            out.extend(state.kept_grants.iter().cloned());
             out.extend(state.grants.iter().map(|g| g.resolve(latest)));
         }
         out
@@ -472,6 +474,7 @@ impl Auditor {
         self.refresh();
         let mut out = Vec::new();
         for state in self.sorted_states() {
+            out.extend(state.kept_violations.iter().cloned());
             out.extend(state.violations.iter().cloned());
         }
         out
@@ -506,9 +509,19 @@ impl Auditor {
         }
         Some(LeaseAudit {
             lease_id: state.id.clone(),
-            grants: state.grants.iter().map(|g| g.resolve(latest)).collect(),
-            violations: state.violations.clone(),
+            grants: (state.kept_grants.iter().cloned())
+                .chain(state.grants.iter().map(|g| g.resolve(latest)))
+                .collect(),
+            violations: (state.kept_violations.iter())
+                .chain(&state.violations)
+                .cloned()
+                .collect(),
         })
+    }
+
+    /// Leases named by an event pushed so far.
+    pub fn lease_count(&self) -> usize {
+        self.states.len()
     }
 
     /// Lease ids with at least one event, sorted.
@@ -580,6 +593,25 @@ impl Auditor {
         out
     }
 
+    /// [`Auditor::settle`], keeping the settled rows: the auditor goes on
+    /// answering every row, holding a settled grant as a row rather than
+    /// as its events. Returns the grants settled. For an auditor whose
+    /// tables are read (SQL); the caller re-audits the leases
+    /// [`Auditor::take_stale`] names, as for `settle`.
+    pub fn settle_keeping(&mut self, cutoff: i64) -> usize {
+        let mut grants = 0;
+        for s in self.settle(cutoff) {
+            let Some(lease) = self.leases.find(&s.lease_id) else {
+                continue;
+            };
+            let state = &mut self.states[lease as usize];
+            grants += s.grants.len();
+            state.kept_grants.extend(s.grants);
+            state.kept_violations.extend(s.violations);
+        }
+        grants
+    }
+
     /// Forgets the ids of events no longer held, so that the table of ids
     /// follows what is held rather than the history. A settled event's id
     /// is then unknown, so a duplicate of it is taken for a new event; it
@@ -628,7 +660,9 @@ impl Auditor {
         if let Some(lease) = lease {
             let state = &mut self.states[lease as usize];
             self.events -= state.count;
+            let kept = std::mem::take(&mut state.kept_violations);
             state.reset();
+            state.drained.extend(kept);
             state.drained.extend(settled_violations.iter().cloned());
             state.drained.sort_unstable();
             state.drained.dedup();

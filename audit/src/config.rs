@@ -18,6 +18,13 @@ pub struct AuditConfig {
     /// only report what exceeds it. Default 250 ms.
     #[serde(with = "humantime_serde")]
     pub clock_skew_tolerance: Duration,
+    /// How much event time, behind the newest event, the audit that SQL
+    /// reads (`sql`, `serve` without `--ingest`, `check --lake`) keeps as
+    /// events while it reads a lake: older grants it keeps as rows, which
+    /// cost far less than their events. `0s` keeps every event. Default
+    /// 10 min.
+    #[serde(with = "humantime_serde")]
+    pub event_window: Duration,
 }
 
 impl Default for AuditConfig {
@@ -25,6 +32,7 @@ impl Default for AuditConfig {
         AuditConfig {
             late_fence_tolerance: Duration::from_millis(50),
             clock_skew_tolerance: Duration::from_millis(250),
+            event_window: Duration::from_secs(600),
         }
     }
 }

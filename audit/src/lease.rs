@@ -54,6 +54,11 @@ pub(crate) struct LeaseState {
     /// Given an event that changes what was settled: not settled again
     /// until replayed.
     pub stale: bool,
+    /// Settled rows the auditor keeps answering
+    /// ([`crate::Auditor::settle_keeping`]): what a grant costs as a row
+    /// rather than as its events.
+    pub kept_grants: Vec<Grant>,
+    pub kept_violations: Vec<Violation>,
 }
 
 impl LeaseState {
@@ -74,6 +79,8 @@ impl LeaseState {
             holders_from_cut: Vec::new(),
             count: 0,
             stale: false,
+            kept_grants: Vec::new(),
+            kept_violations: Vec::new(),
         }
     }
 

@@ -174,14 +174,20 @@ fn fleets_delivered_late_settle_to_the_whole_historys_answer() {
     for seed in 1..=30 {
         let history = fleet(seed, 6, 40);
         let (grants, violations) = full(&history);
-        for lag in [0, 2 * SEC, 30 * SEC] {
-            let out = settling(AuditConfig::default(), &history, lag);
+        for (lag, keep) in [0, 2 * SEC, 30 * SEC]
+            .into_iter()
+            .flat_map(|lag| [(lag, false), (lag, true)])
+        {
+            let out = settling(AuditConfig::default(), &history, lag, keep);
             let rows: Vec<String> = out.timeline.iter().map(grant_row).collect();
-            assert_eq!(rows, grants, "seed {seed}, horizon {lag} us: timeline");
+            assert_eq!(
+                rows, grants,
+                "seed {seed}, horizon {lag} us, keep {keep}: timeline"
+            );
             let rows: Vec<String> = out.violations.iter().map(violation_row).collect();
             assert_eq!(
                 rows, violations,
-                "seed {seed}, horizon {lag} us: violations"
+                "seed {seed}, horizon {lag} us, keep {keep}: violations"
             );
         }
         // Every kind of violation turns up across the seeds; reloads too.

@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use leaseline_alerts::{
     live, Alert, AlertEngine, AlertHistory, AlertState, LeaseMetrics, Notifier, ReceiverConfig,
     ReceiverKind,
@@ -216,10 +217,17 @@ pub fn start_live(
 }
 
 /// A replay engine fed by ingest's fan-out, for `import`: the task ends,
-/// returning the engine, when the import has dropped the fan-out.
-pub fn replay_fanout(cfg: &Config) -> (Fanout, tokio::task::JoinHandle<AlertEngine>) {
+/// returning the engine, when the import has dropped the fan-out. Its
+/// audit keeps `alerts.replay_audit_window` of event time in memory; the
+/// leases given events later than that are audited again from `lake` at
+/// the end.
+pub fn replay_fanout(
+    cfg: &Config,
+    lake: Lake,
+) -> (Fanout, tokio::task::JoinHandle<anyhow::Result<AlertEngine>>) {
     let (fanout, mut rx) = Fanout::channel(FANOUT_BATCHES);
     let mut engine = AlertEngine::new(cfg.alerts.clone(), cfg.audit, None);
+    let mut settling = leaseline_alerts::Settling::new(cfg.alerts.replay_audit_window);
     // A replay needs no partitions: the end of the input closes the
     // lateness window (`AlertEngine::finish_replay`).
     let task = tokio::spawn(async move {
@@ -229,8 +237,16 @@ pub fn replay_fanout(cfg: &Config) -> (Fanout, tokio::task::JoinHandle<AlertEngi
                     engine.push(&ev);
                 }
             }
+            if let Some(s) = settling.as_mut() {
+                s.step(&mut engine);
+            }
         }
-        engine
+        if let Some(s) = settling.as_mut() {
+            s.finish(&mut engine, &lake)
+                .await
+                .context("auditing again the leases given events later than the audit window")?;
+        }
+        Ok(engine)
     });
     (fanout, task)
 }

@@ -986,7 +986,7 @@ async fn run_import(
         ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .expect("valid template"),
     );
-    let (fanout, engine) = alerting::replay_fanout(cfg);
+    let (fanout, engine) = alerting::replay_fanout(cfg, lake.clone());
     let progress = bar.clone();
     let summary = import(lake.clone(), inputs, &cfg.flush, Some(fanout), move |b| {
         progress.set_position(b)
@@ -1016,7 +1016,7 @@ async fn run_import(
             .unwrap_or_default()
     );
     // The import has dropped the fan-out: the engine has every event.
-    let mut engine = engine.await.context("the alert replay task failed")?;
+    let mut engine = engine.await.context("the alert replay task failed")??;
     let changes = alerting::finish_replay(&mut engine, Some(&lake), cfg, notify).await?;
     let fired = changes
         .iter()

@@ -233,6 +233,9 @@ impl AuditCache {
             for batch in &pending {
                 push_batch(&mut auditor, batch)?;
             }
+            // A buffered event older than what the audit keeps as events:
+            // its lease is audited again from the lake and the buffer.
+            reload_stale(&mut auditor, &lake, &m, &pending).await?;
             Ok(Arc::new(derive(&mut auditor, m.version)))
         })
         .await
@@ -257,7 +260,7 @@ impl AuditCache {
                 .copied()
                 .filter(|f| !st.files.contains(*f))
                 .collect();
-            if let Err(e) = push_files(&mut st.auditor, lake, &fresh).await {
+            if let Err(e) = push_files(&mut st.auditor, lake, m, &fresh).await {
                 // Part of a file may be in; pushing it again would count
                 // its id-less events twice.
                 *st = CacheState::empty(self.config);
@@ -273,7 +276,7 @@ impl AuditCache {
             // Files were replaced (compaction): events without an
             // `event_id` would count twice if pushed again, so start over.
             let mut auditor = Auditor::new(self.config);
-            push_files(&mut auditor, lake, &files).await?;
+            push_files(&mut auditor, lake, m, &files).await?;
             let tables = Arc::new(derive(&mut auditor, m.version));
             *st = CacheState {
                 auditor,
@@ -287,7 +290,7 @@ impl AuditCache {
         // answer it on the side, leaving the cache as it is.
         drop(st);
         let mut auditor = Auditor::new(self.config);
-        push_files(&mut auditor, lake, &files).await?;
+        push_files(&mut auditor, lake, m, &files).await?;
         Ok(Arc::new(derive(&mut auditor, m.version)))
     }
 }
@@ -373,7 +376,7 @@ pub async fn audit_snapshot(lake: &Lake, m: &Manifest, config: AuditConfig) -> R
         .files_of(Table::LeaseEvents)
         .map(|f| f.path.as_str())
         .collect();
-    push_files(&mut auditor, lake, &files).await?;
+    push_files(&mut auditor, lake, m, &files).await?;
     Ok(auditor)
 }
 
@@ -381,10 +384,66 @@ pub async fn audit_snapshot(lake: &Lake, m: &Manifest, config: AuditConfig) -> R
 /// reader decodes the next, few enough to bound the memory in flight.
 const BATCHES_AHEAD: usize = 2;
 
-/// Pushes the events of `files`. Decoding Parquet and auditing each take
-/// a core, so a blocking thread reads the files batch by batch while this
-/// task pushes the batches already decoded.
-async fn push_files(auditor: &mut Auditor, lake: &Lake, files: &[&str]) -> Result<()> {
+/// Rows pushed between two settles of a lake read (see
+/// [`AuditConfig::event_window`]). The events held peak at a window's
+/// worth plus this many, and each settle audits the events held again, so
+/// fewer rows cost more time for little memory: at 3 M events (200
+/// leases), a quarter of this took a third longer for a peak within the
+/// spread between runs (`scripts/bench-sql-memory.sh`).
+const SETTLE_ROWS: usize = 1 << 20;
+
+/// Settles what is `event_window` behind the newest event, keeping the
+/// rows; nothing with a zero window.
+fn settle(auditor: &mut Auditor) {
+    let window = i64::try_from(auditor.config().event_window.as_micros()).unwrap_or(i64::MAX);
+    if window > 0 {
+        if let Some(latest) = auditor.latest_ts() {
+            auditor.settle_keeping(latest.saturating_sub(window));
+        }
+    }
+}
+
+/// Audits again, from their whole history in snapshot `m` and `extra`
+/// (rows not in it), the leases given an event older than what their
+/// audit let go of. The auditor must hold exactly `m`'s and `extra`'s
+/// events: a history read while files remain to be pushed would have
+/// those files' events counted twice.
+async fn reload_stale(
+    auditor: &mut Auditor,
+    lake: &Lake,
+    m: &Manifest,
+    extra: &[RecordBatch],
+) -> Result<()> {
+    let stale = auditor.take_stale();
+    if stale.is_empty() {
+        return Ok(());
+    }
+    let wanted: std::collections::HashSet<&str> = stale.iter().map(|l| &**l).collect();
+    let mut batches = lake.read_leases(m, &wanted).await?;
+    batches.extend(extra.iter().cloned());
+    let cols: Vec<EventColumns> = batches
+        .iter()
+        .map(EventColumns::new)
+        .collect::<std::result::Result<_, _>>()?;
+    let mut by_lease = EventColumns::events_by_lease(&cols, &wanted)?;
+    for lease in &stale {
+        let events = by_lease.remove(&**lease).unwrap_or_default();
+        auditor.reload(lease, &events, &[]);
+    }
+    Ok(())
+}
+
+/// Pushes the events of `files` (of snapshot `m`), settling as it goes
+/// ([`AuditConfig::event_window`]) and auditing again at the end the
+/// leases that late rows made stale. Decoding Parquet and auditing each
+/// take a core, so a blocking thread reads the files batch by batch while
+/// this task pushes the batches already decoded.
+async fn push_files(
+    auditor: &mut Auditor,
+    lake: &Lake,
+    m: &Manifest,
+    files: &[&str],
+) -> Result<()> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(BATCHES_AHEAD);
     let store = lake.store().clone();
     let files: Vec<String> = files.iter().map(|f| f.to_string()).collect();
@@ -419,14 +478,23 @@ async fn push_files(auditor: &mut Auditor, lake: &Lake, files: &[&str]) -> Resul
             }
         }
     });
+    let mut since_settle = 0;
     while let Some(batch) = rx.recv().await {
-        push_lake_batch(auditor, &batch?)?;
+        let batch = batch?;
+        since_settle += batch.num_rows();
+        push_lake_batch(auditor, &batch)?;
+        if since_settle >= SETTLE_ROWS {
+            settle(auditor);
+            since_settle = 0;
+        }
     }
     // The channel closes when the reader is done or has sent its error;
     // a reader that panicked is a bug to report, not an empty file.
     reader
         .await
-        .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))
+        .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))?;
+    settle(auditor);
+    reload_stale(auditor, lake, m, &[]).await
 }
 
 /// Pushes the events of one `lease_events` batch.

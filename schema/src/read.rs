@@ -155,6 +155,26 @@ impl EventColumns {
         self.rows == 0
     }
 
+    /// The events of `columns` whose lease is in `wanted`, grouped by
+    /// lease, each group in row order: a lake's history of a few leases,
+    /// read back to audit them again.
+    pub fn events_by_lease<'c, 'w>(
+        columns: &'c [EventColumns],
+        wanted: &std::collections::HashSet<&'w str>,
+    ) -> Result<std::collections::HashMap<&'w str, Vec<LeaseEvent<'c>>>, ReadError> {
+        let mut by_lease: std::collections::HashMap<&'w str, Vec<LeaseEvent<'c>>> =
+            std::collections::HashMap::new();
+        for c in columns {
+            for i in 0..c.len() {
+                let ev = c.event(i)?;
+                if let Some(&lease) = wanted.get(&*ev.lease_id) {
+                    by_lease.entry(lease).or_default().push(ev);
+                }
+            }
+        }
+        Ok(by_lease)
+    }
+
     /// The event of one row, borrowing its strings from the batch.
     pub fn event(&self, row: usize) -> Result<LeaseEvent<'_>, ReadError> {
         let bad = |message: String| ReadError::BadRow { row, message };

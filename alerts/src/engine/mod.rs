@@ -37,7 +37,7 @@ mod lifecycle;
 mod observer;
 mod rules;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use leaseline_audit::{AuditConfig, SharedAuditor, Violation};
@@ -85,6 +85,10 @@ pub struct AlertEngine {
     /// token (one grant overlapping two others), and a retraction of one
     /// must not take the other with it.
     unconfirmed: BTreeSet<Violation>,
+    /// The violations the audit settled, by lease: handed back to it when
+    /// the lease is re-audited ([`AlertEngine::reload`]), so that only what
+    /// the late event changed comes out as appeared or retracted.
+    settled_violations: HashMap<Name, Vec<Violation>>,
     pushed: u64,
     late_events: u64,
 }
@@ -120,6 +124,7 @@ impl AlertEngine {
             next_eval: None,
             last_eval: i64::MIN,
             unconfirmed: BTreeSet::new(),
+            settled_violations: HashMap::new(),
             pushed: 0,
             late_events: 0,
         }
@@ -142,6 +147,56 @@ impl AlertEngine {
     /// that it will hold (see [`SharedAuditor`]).
     pub fn mark(&self, version: u64) {
         self.auditor.mark(version);
+    }
+
+    /// Lets the audit forget the grants and violations that end before
+    /// `cutoff` (event time, microseconds; see [`leaseline_audit::Auditor::settle`]),
+    /// after taking its new violations in. Returns the grants settled.
+    ///
+    /// Only for an engine whose auditor no SQL table reads (a replay's):
+    /// the settled rows are dropped, the alerts keep what they need. The
+    /// caller first re-audits every lease [`AlertEngine::take_stale`]
+    /// names.
+    pub fn settle(&mut self, cutoff: i64) -> usize {
+        self.take_violations();
+        let settled = self.auditor.lock().settle(cutoff);
+        let mut grants = 0;
+        for s in settled {
+            grants += s.grants.len();
+            if !s.violations.is_empty() {
+                self.settled_violations
+                    .entry(s.lease_id)
+                    .or_default()
+                    .extend(s.violations);
+            }
+        }
+        grants
+    }
+
+    /// The leases given an event that changes what their audit settled
+    /// (one older than what was let go of): each must be re-audited from
+    /// its whole history with [`AlertEngine::reload`].
+    pub fn take_stale(&mut self) -> Vec<Name> {
+        self.auditor.lock().take_stale()
+    }
+
+    /// Re-audits `lease_id` from `events`, its whole history (distinct
+    /// event ids, as the lake holds them). Violations the history now
+    /// makes or unmakes come out as the audit's changes, to be confirmed
+    /// by the watermark like any other.
+    pub fn reload<'e>(&mut self, lease_id: &str, events: &'e [LeaseEvent<'e>]) {
+        let void = self.settled_violations.remove(lease_id).unwrap_or_default();
+        self.auditor.lock().reload(lease_id, events, &void);
+    }
+
+    /// Leases the audit has seen.
+    pub fn leases_known(&self) -> usize {
+        self.auditor.lock().lease_count()
+    }
+
+    /// Events the audit holds in memory (what settling bounds).
+    pub fn held_events(&self) -> usize {
+        self.auditor.lock().held()
     }
 
     /// Counts a lease whose events came from more than one input partition.

@@ -308,16 +308,17 @@ pub fn audit_events(config: AuditConfig, events: &[LeaseEvent<'static>]) -> Outc
         // Distinct ids are what a lake holds (ingest keeps one event per
         // id), and what settling assumes.
         if seen_ids.len() + order.iter().filter(|e| e.event_id.is_none()).count() == order.len() {
-            for cutoff_lag in [0, 1_000_000] {
-                let settled = settling(config, &order, cutoff_lag);
+            for (cutoff_lag, keep) in [(0, false), (1_000_000, false), (0, true), (1_000_000, true)]
+            {
+                let settled = settling(config, &order, cutoff_lag, keep);
                 assert_eq!(
                     settled.grant_rows(),
                     outcome.grant_rows(),
-                    "{name}: settling (cutoff {cutoff_lag} us behind): timeline differs"
+                    "{name}: settling (cutoff {cutoff_lag} us behind, keeping rows: {keep}): timeline differs"
                 );
                 assert_eq!(
                     settled.violations, outcome.violations,
-                    "{name}: settling (cutoff {cutoff_lag} us behind): violations differ"
+                    "{name}: settling (cutoff {cutoff_lag} us behind, keeping rows: {keep}): violations differ"
                 );
                 assert_eq!(settled.timeline, outcome.timeline, "{name}: settling");
             }
@@ -357,8 +358,15 @@ pub fn assert_rows(actual: Vec<String>, expected: &[&str]) {
 /// made stale are replayed from everything pushed so far (the lake), and
 /// everything `cutoff_lag` behind the latest time is settled. The answer
 /// is the rows handed out plus what the auditor still answers; the
-/// violations `drain_changes` accumulated must be the same.
-pub fn settling(config: AuditConfig, order: &[LeaseEvent<'static>], cutoff_lag: i64) -> Outcome {
+/// violations `drain_changes` accumulated must be the same. With `keep`,
+/// the auditor keeps the settled rows (`settle_keeping`) and the answer is
+/// its own, in its own order, lease by lease too.
+pub fn settling(
+    config: AuditConfig,
+    order: &[LeaseEvent<'static>],
+    cutoff_lag: i64,
+    keep: bool,
+) -> Outcome {
     use std::collections::BTreeMap;
     let mut auditor = Auditor::new(config);
     let mut lake: Vec<LeaseEvent<'static>> = Vec::new();
@@ -373,6 +381,19 @@ pub fn settling(config: AuditConfig, order: &[LeaseEvent<'static>], cutoff_lag: 
                 lake.iter().filter(|e| *e.lease_id == *lease).collect();
             auditor.reload(&lease, history, &void.1);
         }
+        if keep {
+            // Violations settled are not drained again: keep the alert set
+            // as a long-running engine would.
+            let changes = auditor.drain_changes();
+            for v in changes.retracted {
+                assert!(alerts.remove(&v), "keeping: retracted unknown {v:?}");
+            }
+            for v in changes.appeared {
+                assert!(alerts.insert(v), "keeping: appeared twice");
+            }
+            auditor.settle_keeping(auditor.latest_ts().unwrap() - cutoff_lag);
+            continue;
+        }
         let changes = auditor.drain_changes();
         for v in changes.retracted {
             assert!(alerts.remove(&v), "settling: retracted unknown {v:?}");
@@ -386,6 +407,28 @@ pub fn settling(config: AuditConfig, order: &[LeaseEvent<'static>], cutoff_lag: 
             rows.0.extend(s.grants);
             rows.1.extend(s.violations);
         }
+    }
+    if keep {
+        let timeline = auditor.timeline();
+        let violations = auditor.violations();
+        assert_eq!(
+            alerts.into_iter().collect::<Vec<_>>(),
+            violations,
+            "keeping: drained changes disagree with the rows"
+        );
+        for lease in auditor.lease_ids() {
+            let one = auditor.lease(&lease).unwrap();
+            let grants: Vec<_> = timeline
+                .iter()
+                .filter(|g| g.lease_id == lease)
+                .cloned()
+                .collect();
+            assert_eq!(one.grants, grants, "keeping: lease({lease})");
+        }
+        return Outcome {
+            timeline,
+            violations,
+        };
     }
     let mut timeline: Vec<Grant> = stored.values().flat_map(|r| r.0.clone()).collect();
     let mut violations: Vec<Violation> = stored.values().flat_map(|r| r.1.clone()).collect();
