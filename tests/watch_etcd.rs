@@ -401,9 +401,17 @@ async fn locks_and_elections_are_reported_once_through_kafka_across_restarts() {
         "SELECT count(*) - count(DISTINCT event_id) AS repeated FROM lease_events",
     );
     assert_eq!(renewals, "repeated\n0\n");
+    let violations = csv(&server, "SELECT kind, detail FROM lease_violations");
     assert_eq!(
-        csv(&server, "SELECT count(*) AS n FROM lease_violations"),
-        "n\n0\n"
+        violations,
+        "kind,detail\n",
+        "events:\n{}\nwatch log:\n{}",
+        csv(
+            &server,
+            "SELECT ts, lease_id, fencing_token, kind, holder_id, ttl_ms FROM lease_events \
+             ORDER BY lease_id, ts"
+        ),
+        w.logs()
     );
     assert_eq!(
         csv(&server, "SELECT count(*) AS n FROM lease_rejects"),

@@ -49,7 +49,15 @@
 //!   `renewed`. So renewals are seen at most once per poll, late by up to
 //!   a poll interval, and keepalives closer together than that are one
 //!   renewal; the known deadline is never later than etcd's, which is
-//!   what keeps an expiry from reading as a revoke.
+//!   what keeps an expiry from reading as a revoke;
+//! - a TTL read tells the present, while the model may still be behind
+//!   (always so while a restart replays history, and for a moment live):
+//!   the owner's key may be gone by then, and a session's lease outlives
+//!   an `Unlock`. So a renewal counts only when the key itself is read
+//!   after the TTL and found with the same create revision: a key never
+//!   comes back once deleted, so it owned the lock at the TTL read. A
+//!   renewal of a key already gone would report a grant renewed after the
+//!   end the replay is about to report.
 //!
 //! Limits: etcd has no clock to read, so `ts` is the watcher's clock when
 //! it handles the change (a replay after a restart is stamped with the
@@ -673,20 +681,27 @@ impl EtcdSession {
         Ok(())
     }
 
+    /// The create revision of `key` now, `None` when it does not exist.
+    async fn created(&mut self, key: &str) -> Result<Option<i64>, WatchError> {
+        let mut kv = self.client.kv_client();
+        let r = timed(self.timeout, "reading a lock's key", kv.get(key, None)).await?;
+        Ok(r.kvs().first().map(|kv| kv.create_revision()))
+    }
+
     /// Reads the TTL left of every owner's lease; a deadline moved later
-    /// is a change (a renewal) of its lock.
+    /// is a change (a renewal) of its lock, if its key is still there.
     async fn poll_leases(&mut self) -> Result<(), WatchError> {
-        let owners: Vec<(String, i64, i64)> = self
+        let owners: Vec<(String, i64, i64, String)> = self
             .model
             .locks
             .keys()
             .filter_map(|name| {
                 let (rev, e) = self.model.owner(name)?;
-                Some((name.clone(), rev, e.lease))
+                Some((name.clone(), rev, e.lease, e.key.clone()))
             })
             .collect();
         let mut read: HashMap<i64, Option<i64>> = HashMap::new();
-        for (name, rev, lease) in owners {
+        for (name, rev, lease, key) in owners {
             let Some(known) = self.deadlines.get(&rev).copied() else {
                 continue;
             };
@@ -699,8 +714,11 @@ impl EtcdSession {
                     d
                 }
             };
-            // A lease gone: its keys' deletes are on their way.
+            // A lease gone, or its key: the deletes are on their way.
             if let Some(d) = deadline.and_then(|d| renewed_deadline(known, d)) {
+                if self.created(&key).await? != Some(rev) {
+                    continue;
+                }
                 self.deadlines.insert(rev, d);
                 self.pending.push_back(Change {
                     lease_id: name,
