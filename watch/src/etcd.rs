@@ -46,7 +46,8 @@
 //!   adapter reads the TTL left of every owner's lease every
 //!   `lease_poll_interval`; when the deadline it gives has moved later by
 //!   more than [`RENEW_SLACK_MS`] (TTLs are whole seconds), that is a
-//!   `renewed`. So renewals are seen at most once per poll, late by up to
+//!   `renewed`. A read of 0 seconds shows no renewal: an expired lease
+//!   answers 0 until the leader revokes it ([`renewal_read`]). So renewals are seen at most once per poll, late by up to
 //!   a poll interval, and keepalives closer together than that are one
 //!   renewal; the known deadline is never later than etcd's, which is
 //!   what keeps an expiry from reading as a revoke;
@@ -207,6 +208,16 @@ pub fn ended_by(lease_alive: bool, now_ms: i64, deadline_ms: i64) -> End {
 /// `now_ms`); `None` for a lease that is gone (`-1`).
 pub fn deadline_from_ttl(now_ms: i64, ttl_s: i64) -> Option<i64> {
     (ttl_s >= 0).then(|| now_ms + ttl_s * 1_000)
+}
+
+/// The deadline a TTL read proves for a renewal: none for a read of 0.
+/// etcd answers the TTL left truncated to whole seconds, so a read of `n`
+/// proves at least `n` seconds left; but a lease past its deadline that the
+/// leader has not revoked yet (it looks every 500 ms) answers 0 too, so 0
+/// proves nothing, and reading it as "now" would report the expiring lease
+/// renewed after the expiry the revoke then reports.
+pub fn renewal_read(now_ms: i64, ttl_s: i64) -> Option<i64> {
+    (ttl_s >= 1).then(|| now_ms + ttl_s * 1_000)
 }
 
 /// The new deadline when a TTL read shows a renewal, given the known one.
@@ -709,12 +720,13 @@ impl EtcdSession {
                 Some(d) => *d,
                 None => {
                     let ttl = self.ttl(lease).await?;
-                    let d = deadline_from_ttl(now_ms(), ttl);
+                    let d = renewal_read(now_ms(), ttl);
                     read.insert(lease, d);
                     d
                 }
             };
-            // A lease gone, or its key: the deletes are on their way.
+            // A lease gone or about to be, or its key: the deletes are on
+            // their way.
             if let Some(d) = deadline.and_then(|d| renewed_deadline(known, d)) {
                 if self.created(&key).await? != Some(rev) {
                     continue;
@@ -798,6 +810,11 @@ mod tests {
         assert_eq!(renewed_deadline(10_000, 11_001), Some(11_001));
         // Never earlier: a lease's TTL is only ever extended.
         assert_eq!(renewed_deadline(10_000, 9_000), None);
+        // A read of 0, long after the known deadline: the lease ran out and
+        // awaits its revoke, which is no renewal.
+        assert_eq!(renewal_read(12_500, 0), None);
+        assert_eq!(renewal_read(12_500, 2), Some(14_500));
+        assert_eq!(renewal_read(12_500, -1), None);
     }
 
     #[test]
