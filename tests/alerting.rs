@@ -88,6 +88,13 @@ fn serve_with_ingest(dir: &Path, broker: &Broker, config: &Path) -> Server {
             "--config",
             config,
             "--no-pg",
+            // A member SIGKILLed or stopped must hand its partitions on
+            // fast: the group is rebalanced only once the dead member's
+            // session has run out (45 s by default).
+            "--kafka-property",
+            "session.timeout.ms=6000",
+            "--kafka-property",
+            "heartbeat.interval.ms=500",
         ],
         dir,
     )
