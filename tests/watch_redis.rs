@@ -161,11 +161,7 @@ fn reported(redis: &Redis, state: &Path, w: &Proc, lease_id: &str, token: u64) {
 }
 
 fn timeline(lake: &Path) -> String {
-    sql(
-        lake,
-        "SELECT lease_id, fencing_token, holder_id, end_kind, renewals, backend FROM lease_timeline ORDER BY lease_id, fencing_token",
-        "csv",
-    )
+    sql(lake, WATCH_TIMELINE_SQL, "csv")
 }
 
 #[test]
@@ -318,10 +314,7 @@ async fn through_kafka_into_serve_ingest_once_across_a_restart() {
         r.text()
     };
     assert_eq!(
-        answer(
-            "SELECT lease_id, fencing_token, holder_id, end_kind, renewals, backend \
-             FROM lease_timeline ORDER BY lease_id, fencing_token"
-        ),
+        answer(WATCH_TIMELINE_SQL),
         "lease_id,fencing_token,holder_id,end_kind,renewals,backend\n\
          jobs/7,1,w-3,expired,0,redis\n\
          orders/1,1,w-1,released,1,redis\n\

@@ -1318,6 +1318,23 @@ pub fn watch_state_locks(state: &Path) -> Vec<(String, u64, i64)> {
         .collect()
 }
 
+/// The watch tests' view of the grants, in a fixed order.
+pub const WATCH_TIMELINE_SQL: &str =
+    "SELECT lease_id, fencing_token, holder_id, end_kind, renewals, backend \
+     FROM lease_timeline ORDER BY lease_id, fencing_token";
+
+/// A restarted watcher's run (`w`) sent the `transitions` made while it
+/// ran, and perhaps one more: a release the killed run may not have sent.
+#[track_caller]
+pub fn assert_second_run_sent(w: &Proc, transitions: u64) {
+    let sent = last_run_events(&w.logs());
+    assert!(
+        (transitions..=transitions + 1).contains(&sent),
+        "the second run sent {sent} events: the {transitions} transitions of its time, and the release the first run may not have sent:\n{}",
+        w.logs()
+    );
+}
+
 /// The `events=` of the last `watch stopped` line: what that run sent.
 pub fn last_run_events(log: &str) -> u64 {
     let line = log
