@@ -1367,3 +1367,119 @@ key_file = "{key}"
     assert_eq!(alert["labels"]["cluster"], "eu-1");
     assert_eq!(alert["labels"]["env"], "test");
 }
+
+/// `serve --ingest` keeps ten minutes of event time behind its watermark
+/// as the audit's events (`audit.event_window`, the default). Two events
+/// arrive forty minutes late, after the grants they concern were settled:
+/// one makes an overlap (its alert fires), one is the release that proves
+/// an overlap was none (the alert that overlap raised resolves). Each
+/// lease is audited again from the lake once, and the audit tables the
+/// process answers from its engine are those of an audit of the whole
+/// lake.
+#[tokio::test(flavor = "multi_thread")]
+async fn events_later_than_the_audit_window_are_audited_again_and_alerted() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 1).await;
+    let cfg = config(dir.path(), &[]);
+    let server = serve_with_ingest(dir.path(), &broker, &cfg);
+    let producer = broker.producer();
+    let t0 = now_ms() - 3_600_000;
+    let mut history = vec![
+        // made-1: token 1 [0 s, 5 s), token 5 from 20 s; token 2 will
+        // arrive late, acquired at 3 s: an overlap.
+        acquired(t0, "made-1", "a", 1),
+        released(t0 + 5_000, "made-1", "a", 1),
+        acquired(t0 + 20_000, "made-1", "c", 5),
+        released(t0 + 25_000, "made-1", "c", 5),
+        // unmade-1: token 2 acquired at 6 s while token 1 (10 s TTL) still
+        // holds: an overlap, until token 1's release at 4 s arrives late.
+        acquired(t0, "unmade-1", "a", 1),
+        acquired(t0 + 6_000, "unmade-1", "b", 2),
+        released(t0 + 9_000, "unmade-1", "b", 2),
+        acquired(t0 + 30_000, "unmade-1", "c", 5),
+        released(t0 + 35_000, "unmade-1", "c", 5),
+    ];
+    // Forty minutes of another lease move event time on.
+    for k in 1..=40u64 {
+        let at = t0 + k as i64 * 60_000;
+        history.push(acquired(at, "filler", "f", k));
+        history.push(released(at + 1_000, "filler", "f", k));
+    }
+    produce(&producer, "leases", &history).await;
+
+    // The overlap of unmade-1 alerts; then the audit settles past both
+    // leases' grants (a cutoff a minute after they began is past them).
+    let past = chrono::DateTime::from_timestamp_millis(t0 + 60_000)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let settled_past = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("settled the audit"))
+            .filter_map(|l| l.split("before=").nth(1))
+            .any(|b| {
+                b.split_whitespace()
+                    .next()
+                    .is_some_and(|b| b > past.as_str())
+            })
+    };
+    let firing = |log: &str, lease: &str| {
+        log.lines()
+            .filter(|l| l.contains("ALERT FIRING") && l.contains("LeaseSafetyViolation"))
+            .any(|l| l.contains(&format!("lease_id={lease},")))
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let log = server.proc.logs();
+            firing(&log, "unmade-1") && settled_past(&log)
+        }),
+        "{}",
+        server.proc.logs()
+    );
+    assert!(!firing(&server.proc.logs(), "made-1"));
+
+    produce(
+        &producer,
+        "leases",
+        &[
+            acquired(t0 + 3_000, "made-1", "b", 2),
+            released(t0 + 4_000, "unmade-1", "a", 1),
+        ],
+    )
+    .await;
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let log = server.proc.logs();
+            firing(&log, "made-1")
+                && log.lines().any(|l| {
+                    l.contains("alert resolved")
+                        && l.contains("LeaseSafetyViolation")
+                        && l.contains("lease_id=unmade-1,")
+                })
+        }),
+        "{}",
+        server.proc.logs()
+    );
+    let log = server.proc.logs();
+    for lease in ["made-1", "unmade-1"] {
+        let reaudits = log
+            .lines()
+            .filter(|l| l.contains("audited again from the lake"))
+            .filter(|l| l.contains(&format!("lease_id={lease} ")))
+            .count();
+        assert_eq!(reaudits, 1, "{lease}:\n{log}");
+    }
+    let lake = dir.path().join("lake");
+    assert_eq!(
+        server
+            .sql(
+                "SELECT lease_id, kind, fencing_token, other_fencing_token FROM lease_violations",
+                &["-H", "Accept: text/csv"]
+            )
+            .text(),
+        "lease_id,kind,fencing_token,other_fencing_token\nmade-1,overlapping_ownership,2,1\n"
+    );
+    let (engine, _) = served_audit_is_the_lakes(&server, &lake);
+    assert!(engine >= 3, "the engine answered the audit's tables");
+}

@@ -22,6 +22,7 @@ use crate::engine::AlertEngine;
 use crate::history::{AlertHistory, Recorded};
 use crate::notify::Notifier;
 use crate::rebuild::{PartitionHistory, Positions};
+use crate::settling::Settling;
 
 const TICK: Duration = Duration::from_millis(100);
 const HISTORY_FLUSH: Duration = Duration::from_secs(5);
@@ -109,11 +110,16 @@ impl Keying {
 /// re-sends firing alerts every resend interval, writes the history every
 /// few seconds. On the way out it writes the last history rows and gives
 /// receivers a few seconds to take what is queued.
+///
+/// With `settling`, the engine's audit holds only a window of event time
+/// as events (see [`crate::settling`]); a snapshot is marked as covered
+/// only once the leases a batch made stale are audited again.
 pub async fn run(
     mut engine: AlertEngine,
     mut events: CommittedReceiver,
     notifier: Notifier,
     lake: Lake,
+    mut settling: Option<Settling>,
 ) {
     let mut clock = EventClock::new(
         engine.config().lateness,
@@ -130,6 +136,9 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut open = true;
     let mut from_kafka = false;
+    // The newest snapshot the engine holds every event of (of the
+    // partitions it reads), not marked yet.
+    let mut unmarked: Option<u64> = None;
     while open {
         // Partitions were given up in this round: their next owner reads
         // lease_alerts, so this round's rows are written before ingest
@@ -156,6 +165,7 @@ pub async fn run(
                         positions: &mut positions,
                         lake_history: lake_history.as_ref(),
                         now,
+                        unmarked: &mut unmarked,
                     };
                     for input in batch {
                         ctx.take(input);
@@ -168,6 +178,18 @@ pub async fn run(
         // Without a watermark (nothing assigned, or a partition not read
         // yet), time stands; violations found meanwhile stay pending.
         engine.advance(clock.watermark(now_us()).unwrap_or(i64::MIN));
+        // Settled behind the watermark just moved, also between batches;
+        // file input has no offsets to tell what the engine was given from
+        // what the lake holds, so it keeps every event.
+        let answers = match settling.as_mut() {
+            Some(s) if from_kafka => s.step_live(&mut engine, &lake, &positions).await,
+            _ => true,
+        };
+        if answers {
+            if let Some(version) = unmarked.take() {
+                engine.mark(version);
+            }
+        }
         if !open && !from_kafka {
             // File input (the demo's simulator) has ended, stopped or not:
             // nothing more can arrive late, so the lateness window closes,
@@ -247,6 +269,7 @@ struct Take<'a> {
     positions: &'a mut Positions,
     lake_history: Option<&'a PartitionHistory>,
     now: i64,
+    unmarked: &'a mut Option<u64>,
 }
 
 impl Take<'_> {
@@ -279,7 +302,7 @@ impl Take<'_> {
                             error!(topic = %p.0, partition = p.1, error = %e, "could not rebuild the partition's history")
                         }
                     }
-                    self.engine.mark(h.version);
+                    self.covers(h.version);
                 }
             }
             Committed::Revoked(p) => {
@@ -287,8 +310,14 @@ impl Take<'_> {
                 self.clock.revoked(&p);
             }
             Committed::CaughtUp(p) => self.clock.caught_up(&p),
-            Committed::Commit(version) => self.engine.mark(version),
+            Committed::Commit(version) => self.covers(version),
         }
+    }
+
+    /// The engine holds every event of `version` it will hold; marked
+    /// once the batch is taken (see [`run`]).
+    fn covers(&mut self, version: u64) {
+        *self.unmarked = Some(self.unmarked.map_or(version, |v| v.max(version)));
     }
 
     fn event(&mut self, ev: &LeaseEvent<'_>, p: &PartitionKey) {

@@ -57,6 +57,14 @@ impl Positions {
             }
         }
     }
+
+    /// Whether the record at `offset` of `topic`'s `partition` was given
+    /// to the engine.
+    pub fn given(&self, topic: &str, partition: i32, offset: i64) -> bool {
+        self.0
+            .iter()
+            .any(|((t, p), next)| &**t == topic && *p == partition && offset < *next)
+    }
 }
 
 /// The rows of `lease_events` that came from Kafka, by partition, as the

@@ -1,80 +1,119 @@
-//! A replay's audit kept to a window of event time, so that an import's
-//! memory does not grow with the history it reads.
+//! The engine's audit kept to a window of event time, so that memory does
+//! not grow with the history it is given.
 //!
 //! The engine's auditor holds every event it is given until told to let
-//! go. A replay (`leaseline import`) reads no SQL from it, so once the
-//! newest event time has moved `after` past a grant, the grant is settled
-//! ([`AlertEngine::settle`]) and its events are dropped; the alerts keep
-//! what they need (the engine's own steps and pending violations).
+//! go. Once event time has moved `after` past a grant, the grant is
+//! settled: its events are dropped.
+//!
+//! A replay (`leaseline import`, [`Settling::step`] and
+//! [`Settling::finish`]) reads no SQL from its engine, so a settled grant
+//! is dropped altogether ([`AlertEngine::settle`]); the alerts keep what
+//! they need (the engine's own steps and pending violations). The newest
+//! event time is the clock.
+//!
+//! The live engine of `serve --ingest` ([`Settling::step_live`]) is also
+//! the audit its SQL tables read, so a settled grant stays as a row
+//! ([`AlertEngine::settle_keeping`]), which costs far less than its
+//! events. The clock is the watermark (the slowest input partition, less
+//! the lateness), so that a partition that lags behind the others does not
+//! make every one of its events late.
 //!
 //! The protocol:
-//! - after each commit the engine is given, once the newest event time has
-//!   moved half of `after` since the last settle, the audit settles
-//!   everything older than `after` before it ([`Settling::step`]);
+//! - once the clock has moved half of `after` since the last settle (a
+//!   replay looks after each commit it is given, the live engine at each
+//!   turn of its loop), the audit settles everything older than `after`
+//!   before it;
 //! - a lease given an event older than what its audit let go of is *stale*
-//!   (see `audit/src/settle.rs`): it is not settled any more, and at the
-//!   end of the replay ([`Settling::finish`]), once the engine has been
-//!   given every commit, it is audited again from its whole history in the
-//!   lake, read in passes over the lake's files that each hold a bounded
-//!   share of its rows. A violation
-//!   the late event makes or unmakes then comes out of the audit like any
-//!   other, before the end of the input confirms the violations.
-//!
-//! Why at the end: the lake may already hold commits the engine has not
-//!   been given yet (ingest runs ahead of the alert engine by a bounded
-//!   queue), and a history read early would give the audit events whose
-//!   rules have not run; when they came, the audit would take them for
-//!   duplicates. Until then, a stale lease's answers are wrong, which a
-//!   replay never reads: its violations are confirmed only at the end.
+//!   (see `audit/src/settle.rs`): it is not settled any more, and it is
+//!   audited again from its whole history in the lake, read in passes over
+//!   the lake's files that each hold a bounded share of its rows. A
+//!   violation the late event makes or unmakes then comes out of the audit
+//!   like any other, to be confirmed by the watermark.
+//! - The history read must be exactly what the engine was given, or the
+//!   audit would take the events it is given later for duplicates, and
+//!   their rules would never run. A replay therefore reads it at the end
+//!   ([`Settling::finish`]), when the lake holds exactly the replay's
+//!   input; until then a stale lease's answers are wrong, which a replay
+//!   never reads (its violations are confirmed only at the end). The live
+//!   engine reads it right after the committed batch that made the lease stale,
+//!   keeping only the rows of the Kafka partitions it reads whose offsets
+//!   lie below the position it was given up to ([`Positions`]); the lake
+//!   may already hold later commits. Until the lease is audited again, the
+//!   engine marks no snapshot as covered, so SQL audits the lake instead.
 //!
 //! Settling costs a pass over the events held, so it runs a bounded
-//! number of times per span of event time rather than per commit; the
-//! re-audits read the lake's files a few times, once per replay.
+//! number of times per span of event time rather than per commit.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use leaseline_lake::{Lake, Table};
+use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
+use arrow::datatypes::{Int32Type, Int64Type};
+use leaseline_lake::{Lake, Manifest, Table};
 use leaseline_schema::EventColumns;
-use tracing::info;
+use tracing::{error, info};
 
 use crate::engine::AlertEngine;
 use crate::error::Result;
+use crate::rebuild::Positions;
 
-/// About how many rows of the lake one pass of [`Settling::finish`] holds.
+/// The columns that say which Kafka record a row of `lease_events` came
+/// from.
+const ORIGIN: [&str; 3] = ["kafka_topic", "kafka_partition", "kafka_offset"];
+
+/// About how many rows of the lake one pass of a re-audit holds.
 const REREAD_ROWS: u64 = 262_144;
 
-/// When a replay's audit settles.
+/// When the engine's audit settles.
 #[derive(Debug, Clone)]
 pub struct Settling {
     after_us: i64,
     /// The next cutoff to settle at.
     next: i64,
-    /// Leases re-audited from the lake, for the replay's report.
+    /// Leases re-audited from the lake, for the report.
     pub reloads: u64,
+    /// Stale leases not audited again yet (the lake could not be read),
+    /// and when to try again.
+    pending: Vec<Arc<str>>,
+    retry: Option<(Instant, Duration)>,
 }
 
+/// The first wait before reading the lake again for stale leases, doubled
+/// after each failure up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
 impl Settling {
-    /// Settles what is `after` older than the newest event; none for zero.
+    /// Settles what is `after` older than the clock; none for zero.
     pub fn new(after: Duration) -> Option<Settling> {
         let after_us = i64::try_from(after.as_micros()).unwrap_or(i64::MAX);
         (after_us > 0).then_some(Settling {
             after_us,
             next: i64::MIN,
             reloads: 0,
+            pending: Vec::new(),
+            retry: None,
         })
     }
 
-    /// Settles when due (see the module docs), after the engine was given
-    /// a commit.
+    /// The cutoff to settle at when the clock reads `now`, if it is time.
+    fn due(&mut self, now: i64) -> Option<i64> {
+        let cutoff = now.saturating_sub(self.after_us);
+        (cutoff >= self.next).then(|| {
+            self.next = cutoff.saturating_add((self.after_us / 2).max(1));
+            cutoff
+        })
+    }
+
+    /// A replay's: settles when due, dropping the rows, after the engine
+    /// was given a commit.
     pub fn step(&mut self, engine: &mut AlertEngine) {
         let Some(newest) = engine.max_ts() else {
             return;
         };
-        let cutoff = newest.saturating_sub(self.after_us);
-        if cutoff >= self.next {
+        if let Some(cutoff) = self.due(newest) {
             engine.settle(cutoff);
-            self.next = cutoff.saturating_add((self.after_us / 2).max(1));
         }
     }
 
@@ -86,15 +125,97 @@ impl Settling {
             return Ok(());
         }
         let m = lake.latest().await?;
-        // Leases per pass over the lake, so that a pass holds about
-        // REREAD_ROWS rows when the stale leases' histories are of average
-        // size (an import out of time order can make every lease stale).
+        self.reload(engine, lake, &m, &stale, &EventColumns::COLUMNS, |b| {
+            Ok(b.clone())
+        })
+        .await
+    }
+
+    /// The live engine's, at each turn of its loop (after a committed
+    /// batch, or the watermark moved): settles behind the watermark when
+    /// due, keeping the rows, and audits again each stale lease from the
+    /// rows of the lake the engine was given. Returns whether the engine's
+    /// audit answers for what it was given, so that its snapshot may be
+    /// marked: false while a stale lease could not be audited again (tried
+    /// again after a wait that doubles up to 30 s).
+    pub async fn step_live(
+        &mut self,
+        engine: &mut AlertEngine,
+        lake: &Lake,
+        given: &Positions,
+    ) -> bool {
+        let watermark = engine.watermark();
+        if watermark > i64::MIN {
+            if let Some(cutoff) = self.due(watermark) {
+                let grants = engine.settle_keeping(cutoff);
+                info!(
+                    before = %crate::text::fmt_ts(cutoff),
+                    grants,
+                    events_held = engine.held_events(),
+                    "settled the audit: grants that ended before the window are kept as rows"
+                );
+            }
+        }
+        for lease in engine.take_stale() {
+            if !self.pending.contains(&lease) {
+                self.pending.push(lease);
+            }
+        }
+        if self.pending.is_empty() {
+            return true;
+        }
+        if self.retry.is_some_and(|(at, _)| Instant::now() < at) {
+            return false;
+        }
+        let stale = std::mem::take(&mut self.pending);
+        let mut columns = EventColumns::COLUMNS.to_vec();
+        columns.extend(ORIGIN);
+        let read = async {
+            let m = lake.latest().await?;
+            self.reload(engine, lake, &m, &stale, &columns, |b| given_rows(b, given))
+                .await
+        };
+        match read.await {
+            Ok(()) => {
+                self.retry = None;
+                true
+            }
+            Err(e) => {
+                let wait = self
+                    .retry
+                    .map_or(RETRY_FIRST, |(_, w)| (w * 2).min(RETRY_MAX));
+                error!(error = %e, leases = stale.len(), retry_in = ?wait, "could not read the history of leases given an event older than what their audit let go of; SQL audits the lake until they are audited again");
+                self.pending = stale;
+                self.retry = Some((Instant::now() + wait, wait));
+                false
+            }
+        }
+    }
+
+    /// Audits `stale` again from their rows in `m`, as `keep` filters
+    /// them, in passes over the lake's files that each hold about
+    /// [`REREAD_ROWS`] rows when the leases' histories are of average size
+    /// (an import out of time order can make every lease stale).
+    async fn reload(
+        &mut self,
+        engine: &mut AlertEngine,
+        lake: &Lake,
+        m: &Manifest,
+        stale: &[Arc<str>],
+        columns: &[&str],
+        keep: impl Fn(&RecordBatch) -> Result<RecordBatch>,
+    ) -> Result<()> {
         let rows = m.rows_of(Table::LeaseEvents).max(1);
         let known = engine.leases_known().max(stale.len()) as u64;
-        let per_pass = ((known * REREAD_ROWS / rows) as usize).clamp(1, stale.len());
+        let per_pass = ((known * REREAD_ROWS / rows) as usize).clamp(1, stale.len().max(1));
         for group in stale.chunks(per_pass) {
             let wanted: HashSet<&str> = group.iter().map(|l| &**l).collect();
-            let batches = lake.read_leases(&m, &wanted).await?;
+            let batches = lake
+                .read_leases(m, &wanted, columns)
+                .await?
+                .iter()
+                .map(&keep)
+                .collect::<Result<Vec<RecordBatch>>>()?;
             let cols: Vec<EventColumns> = batches
                 .iter()
                 .map(EventColumns::new)
@@ -109,4 +230,25 @@ impl Settling {
         }
         Ok(())
     }
+}
+
+/// The rows of `batch` that came from Kafka records the engine was given.
+fn given_rows(batch: &RecordBatch, given: &Positions) -> Result<RecordBatch> {
+    let [Some(topic), Some(part), Some(off)] = ORIGIN.map(|c| batch.column_by_name(c)) else {
+        return Ok(batch.slice(0, 0));
+    };
+    let (topic, part, off) = (
+        topic.as_string::<i32>(),
+        part.as_primitive::<Int32Type>(),
+        off.as_primitive::<Int64Type>(),
+    );
+    let mask: BooleanArray = (0..batch.num_rows())
+        .map(|i| {
+            Some(
+                !(topic.is_null(i) || part.is_null(i) || off.is_null(i))
+                    && given.given(topic.value(i), part.value(i), off.value(i)),
+            )
+        })
+        .collect();
+    Ok(arrow::compute::filter_record_batch(batch, &mask)?)
 }

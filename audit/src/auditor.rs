@@ -91,6 +91,8 @@ pub struct Auditor {
     /// Leases given an event that changes what was settled
     /// ([`Auditor::take_stale`]).
     stale: Vec<Sym>,
+    /// Leases stale and not replayed yet, whether taken or not.
+    stale_leases: usize,
 }
 
 /// The rows of one lease that [`Auditor::settle`] let go of.
@@ -130,6 +132,7 @@ impl Auditor {
             sorted: Vec::new(),
             scratch: Scratch::default(),
             stale: Vec::new(),
+            stale_leases: 0,
         }
     }
 
@@ -277,6 +280,7 @@ impl Auditor {
         if ids != Ids::Replay && !state.stale && state.would_unsettle(&ev, self.tol) {
             state.stale = true;
             self.stale.push(lease);
+            self.stale_leases += 1;
         }
         if let (Ids::Replay, Some(id)) = (ids, event.event_id.as_deref()) {
             let fingerprint = ev.fingerprint(self.strings.hasher());
@@ -547,7 +551,9 @@ impl Auditor {
     /// violation settled is no longer reported as appearing (nor, later,
     /// as retracted). An auditor that settled answers a snapshot's tables
     /// only together with the rows it handed out, so it is not one a
-    /// [`crate::SharedAuditor`] may mark as covering a snapshot.
+    /// [`crate::SharedAuditor`] may mark as covering a snapshot, unless
+    /// it kept them ([`Auditor::settle_keeping`]) and has no stale lease
+    /// ([`Auditor::stale_leases`]).
     pub fn settle(&mut self, cutoff: i64) -> Vec<Settled> {
         self.file_log();
         let latest = self.latest.unwrap_or(i64::MIN);
@@ -631,6 +637,13 @@ impl Auditor {
         self.id_info = info;
     }
 
+    /// Leases whose answers are wrong until [`Auditor::reload`] replays
+    /// them: given an event that changes rows already settled, whether
+    /// [`Auditor::take_stale`] handed them out or not.
+    pub fn stale_leases(&self) -> usize {
+        self.stale_leases
+    }
+
     /// The leases that were given an event changing rows already settled
     /// (one older than their cut, a token settled, a `renew_failed` that
     /// counts against a settled grant), each once. Their answers are
@@ -660,6 +673,9 @@ impl Auditor {
         if let Some(lease) = lease {
             let state = &mut self.states[lease as usize];
             self.events -= state.count;
+            if state.stale {
+                self.stale_leases -= 1;
+            }
             let kept = std::mem::take(&mut state.kept_violations);
             state.reset();
             state.drained.extend(kept);

@@ -1,7 +1,7 @@
 //! Catching up a backlog with alerts on, against ingest with alerting off,
 //! on the same topic in the same run; driven by `scripts/bench-catchup.sh`.
 //!
-//! Usage: `bench_catchup BROKER LEASELINE_BIN WORK_DIR HISTORY ROUNDS`
+//! Usage: `bench_catchup BROKER LEASELINE_BIN WORK_DIR HISTORY ROUNDS [WINDOWS]`
 //!
 //! HISTORY is an NDJSON file (a simulated history with every fault on). It
 //! is produced to a 3-partition topic keyed by `lease_id`, then each round
@@ -11,7 +11,9 @@
 //!   event;
 //! - **on**: `leaseline serve --ingest` with a webhook receiver, timed until
 //!   the lake has committed every event and the receiver has had every
-//!   alert `check FILE` reports for the history as firing.
+//!   alert `check FILE` reports for the history as firing; its peak RSS
+//!   (`VmHWM`) is read then. With WINDOWS (`10m,0s`, say), one "on" run
+//!   per `audit.event_window` given, one after the other.
 //!
 //! After each "on" round the process is stopped and the firing alerts the
 //! receiver got are compared with `check FILE`'s, by (alertname, lease_id,
@@ -153,12 +155,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     anyhow::ensure!(
-        args.len() == 6,
-        "usage: bench_catchup BROKER LEASELINE_BIN WORK_DIR HISTORY ROUNDS"
+        args.len() == 6 || args.len() == 7,
+        "usage: bench_catchup BROKER LEASELINE_BIN WORK_DIR HISTORY ROUNDS [WINDOWS]"
     );
     let (broker, bin, work, history) =
         (&args[1], &args[2], Path::new(&args[3]), Path::new(&args[4]));
     let rounds: u32 = args[5].parse()?;
+    // `None`: the default window.
+    let windows: Vec<Option<&str>> = match args.get(6) {
+        Some(w) => w.split(',').map(Some).collect(),
+        None => vec![None],
+    };
 
     let receiver = Receiver::default();
     let url = receiver.start();
@@ -166,14 +173,24 @@ async fn main() -> anyhow::Result<()> {
     // instead of 10 s: the alerts of the history's last lateness window
     // wait for that once the backlog is read, a constant a larger backlog
     // would hide.
-    let on_cfg = work.join("on.toml");
-    std::fs::write(
-        &on_cfg,
-        format!(
-            "[alerts]\npartition_idle_timeout = \"1s\"\n\
-             [[alerts.receivers]]\ntype = \"webhook\"\nname = \"hook\"\nurl = \"{url}\"\n"
-        ),
-    )?;
+    let on_cfgs: Vec<std::path::PathBuf> = windows
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let path = work.join(format!("on-{i}.toml"));
+            let audit = w.map_or(String::new(), |w| {
+                format!("[audit]\nevent_window = \"{w}\"\n")
+            });
+            std::fs::write(
+                &path,
+                format!(
+                    "{audit}[alerts]\npartition_idle_timeout = \"1s\"\n\
+                     [[alerts.receivers]]\ntype = \"webhook\"\nname = \"hook\"\nurl = \"{url}\"\n"
+                ),
+            )
+            .map(|()| path)
+        })
+        .collect::<std::io::Result<_>>()?;
     let off_cfg = work.join("off.toml");
     std::fs::write(&off_cfg, "")?;
 
@@ -243,7 +260,9 @@ async fn main() -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
 
-    let (mut offs, mut ons, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut offs = Vec::new();
+    // Per window: times, on/off ratios, peak RSS in MiB.
+    let mut ons: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = vec![Default::default(); windows.len()];
     for round in 0..rounds {
         let lake = work.join(format!("off-{round}"));
         let start = Instant::now();
@@ -267,53 +286,57 @@ async fn main() -> anyhow::Result<()> {
         }
         let off = start.elapsed().as_secs_f64();
         stop(child);
-
-        receiver.firing.lock().unwrap().clear();
-        let lake = work.join(format!("on-{round}"));
-        let start = Instant::now();
-        let child = run(
-            bin,
-            &[
-                "serve",
-                "--no-pg",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--ingest",
-                "--brokers",
-                broker,
-                "--topic",
-                TOPIC,
-                "--group-id",
-                &format!("on-{round}"),
-                "--no-compaction",
-            ],
-            &lake,
-            &on_cfg,
-        );
-        let deadline = Instant::now() + Duration::from_secs(3600);
-        while committed(&lake) < n || !receiver.firing().is_superset(&expected) {
-            if Instant::now() >= deadline {
-                stop(child);
-                anyhow::bail!("round {round}: alerts never came");
+        offs.push(off);
+        for (i, on_cfg) in on_cfgs.iter().enumerate() {
+            receiver.firing.lock().unwrap().clear();
+            let lake = work.join(format!("on-{round}-{i}"));
+            let start = Instant::now();
+            let child = run(
+                bin,
+                &[
+                    "serve",
+                    "--no-pg",
+                    "--http-listen",
+                    "127.0.0.1:0",
+                    "--ingest",
+                    "--brokers",
+                    broker,
+                    "--topic",
+                    TOPIC,
+                    "--group-id",
+                    &format!("on-{round}-{i}"),
+                    "--no-compaction",
+                ],
+                &lake,
+                on_cfg,
+            );
+            let deadline = Instant::now() + Duration::from_secs(3600);
+            while committed(&lake) < n || !receiver.firing().is_superset(&expected) {
+                if Instant::now() >= deadline {
+                    stop(child);
+                    anyhow::bail!("round {round}: alerts never came");
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let on = start.elapsed().as_secs_f64();
-        stop(child);
-        let got = receiver.firing();
-        let false_pages: Vec<&String> = got.difference(&expected).collect();
-        anyhow::ensure!(
-            false_pages.is_empty(),
-            "round {round}: alerts check FILE does not report: {false_pages:?}"
-        );
-        eprintln!(
-            "round {round}: alerting off {off:.1}s, on {on:.1}s, ratio {:.2}; {} alerts, none missing, none false",
+            let on = start.elapsed().as_secs_f64();
+            let peak = common::vm_hwm_kib(child.id()) as f64 / 1024.0;
+            stop(child);
+            let got = receiver.firing();
+            let false_pages: Vec<&String> = got.difference(&expected).collect();
+            anyhow::ensure!(
+                false_pages.is_empty(),
+                "round {round}: alerts check FILE does not report: {false_pages:?}"
+            );
+            let window = windows[i].unwrap_or("default");
+            eprintln!(
+            "round {round}: alerting off {off:.1}s, on (audit window {window}) {on:.1}s, ratio {:.2}, peak RSS {peak:.0} MiB; {} alerts, none missing, none false",
             on / off,
             got.len()
         );
-        offs.push(off);
-        ons.push(on);
-        ratios.push(on / off);
+            ons[i].0.push(on);
+            ons[i].1.push(on / off);
+            ons[i].2.push(peak);
+        }
     }
     println!("events: {n}, alerts: {}, rounds: {rounds}", expected.len());
     println!(
@@ -321,11 +344,16 @@ async fn main() -> anyhow::Result<()> {
         median(offs.clone()),
         n as f64 / median(offs)
     );
-    println!(
-        "serve --ingest, alerting on, until every alert is sent: median {:.1}s ({:.0} events/s)",
-        median(ons.clone()),
-        n as f64 / median(ons)
-    );
-    println!("ratio on/off: median {:.2}", median(ratios));
+    for (w, (times, ratios, peaks)) in windows.iter().zip(ons) {
+        let window = w.unwrap_or("default");
+        println!(
+            "serve --ingest, alerting on, audit window {window}, until every alert is sent: \
+             median {:.1}s ({:.0} events/s), ratio on/off {:.2}, peak RSS {:.0} MiB",
+            median(times.clone()),
+            n as f64 / median(times),
+            median(ratios),
+            median(peaks)
+        );
+    }
     Ok(())
 }

@@ -46,17 +46,6 @@ fn event(i: u64) -> String {
     )
 }
 
-fn vm_hwm_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(|v| v.parse().unwrap_or(0)))
-        })
-        .unwrap_or(0)
-}
-
 /// A consumer that reads and discards, built by the ingester's own
 /// configuration code: the same librdkafka settings
 /// (`queued.max.messages.kbytes`, `fetch.wait.max.ms`,
@@ -111,7 +100,7 @@ fn ingest(bin: &str, brokers: &str, n: u64, round: u32, work: &Path) -> (Duratio
         .unwrap();
     let mut hwm = 0;
     loop {
-        hwm = hwm.max(vm_hwm_kib(child.id()));
+        hwm = hwm.max(common::vm_hwm_kib(child.id()));
         let (rows, _) = common::committed_rows(&lake);
         if rows >= n {
             break;
@@ -119,7 +108,7 @@ fn ingest(bin: &str, brokers: &str, n: u64, round: u32, work: &Path) -> (Duratio
         std::thread::sleep(Duration::from_millis(20));
     }
     let took = start.elapsed();
-    hwm = hwm.max(vm_hwm_kib(child.id()));
+    hwm = hwm.max(common::vm_hwm_kib(child.id()));
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     child.wait().unwrap();
     let (_, bytes) = common::committed_rows(&lake);

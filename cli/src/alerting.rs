@@ -212,7 +212,10 @@ pub fn start_live(
         lateness = %humantime::format_duration(cfg.alerts.lateness),
         "alert engine running"
     );
-    let task = tokio::spawn(live::run(engine, rx, notifier, lake));
+    // The audit SQL reads keeps `audit.event_window` as events, as it does
+    // when it reads a lake.
+    let settling = leaseline_alerts::Settling::new(cfg.audit.event_window);
+    let task = tokio::spawn(live::run(engine, rx, notifier, lake, settling));
     Ok((fanout, task))
 }
 

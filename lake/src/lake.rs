@@ -452,7 +452,7 @@ impl Lake {
     }
 
     /// Reads the `lease_events` rows of some leases at a manifest version,
-    /// with the columns the audit reads: their whole histories, for
+    /// with `columns` (`lease_id` among them): their whole histories, for
     /// auditing them again. One pass over the files whatever the number of
     /// leases; each file is filtered as it is read, so memory holds those
     /// leases' rows and one batch of a file at a time.
@@ -460,12 +460,12 @@ impl Lake {
         &self,
         m: &Manifest,
         leases: &HashSet<&str>,
+        columns: &[&str],
     ) -> Result<Vec<RecordBatch>> {
         let mut out = Vec::new();
         for f in m.files_of(Table::LeaseEvents) {
             let bytes = self.store.get(&f.path).await?;
-            for batch in parquet_io::column_reader(bytes, &leaseline_schema::EventColumns::COLUMNS)?
-            {
+            for batch in parquet_io::column_reader(bytes, columns)? {
                 let batch = batch?;
                 let Some(ids) = batch.column_by_name("lease_id") else {
                     continue;

@@ -351,9 +351,16 @@ impl LiveAudit {
                     return None;
                 }
             }
+            let mut auditor = live.shared.lock();
+            if auditor.stale_leases() > 0 {
+                // A lease's answers are wrong until it is audited again
+                // from the lake, which the engine is doing.
+                live.passed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return None;
+            }
             live.answered
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let mut auditor = live.shared.lock();
             let n = auditor.len();
             let mut derived = live.derived.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((_, t)) = derived.as_ref().filter(|(k, _)| *k == n) {
@@ -419,7 +426,7 @@ async fn reload_stale(
         return Ok(());
     }
     let wanted: std::collections::HashSet<&str> = stale.iter().map(|l| &**l).collect();
-    let mut batches = lake.read_leases(m, &wanted).await?;
+    let mut batches = lake.read_leases(m, &wanted, &EventColumns::COLUMNS).await?;
     batches.extend(extra.iter().cloned());
     let cols: Vec<EventColumns> = batches
         .iter()

@@ -173,6 +173,17 @@ impl AlertEngine {
         grants
     }
 
+    /// Lets the audit hold the grants and violations that end before
+    /// `cutoff` as rows rather than as their events, after taking its new
+    /// violations in (see [`leaseline_audit::Auditor::settle_keeping`]):
+    /// for an engine whose auditor SQL reads (the live one). The caller
+    /// re-audits every lease [`AlertEngine::take_stale`] names. Returns
+    /// the grants settled.
+    pub fn settle_keeping(&mut self, cutoff: i64) -> usize {
+        self.take_violations();
+        self.auditor.lock().settle_keeping(cutoff)
+    }
+
     /// The leases given an event that changes what their audit settled
     /// (one older than what was let go of): each must be re-audited from
     /// its whole history with [`AlertEngine::reload`].

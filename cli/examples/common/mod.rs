@@ -2,6 +2,19 @@
 
 use std::path::Path;
 
+/// The peak resident memory of process `pid` (`VmHWM`), in KiB; 0 once it
+/// is gone.
+pub fn vm_hwm_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|v| v.parse().unwrap_or(0)))
+        })
+        .unwrap_or(0)
+}
+
 /// The `lease_events` rows and bytes the lake has committed: from its
 /// Delta log, or from the manifest of the format before Delta tables (so
 /// that an older release can be measured the same way). Zero before the
