@@ -482,7 +482,7 @@ impl LakeWriter {
                 std::mem::take(&mut self.published_rejects),
                 self.rejects.finish(),
             ),
-            Table::LeaseAlerts => return Ok(RecordBatch::new_empty(parquet_io::schema_of(table))),
+            _ => return Ok(RecordBatch::new_empty(parquet_io::schema_of(table))),
         };
         if published.is_empty() {
             return Ok(rest);

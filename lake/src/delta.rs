@@ -70,6 +70,8 @@ pub fn time_column(table: Table) -> &'static str {
         Table::LeaseEvents => "ts",
         Table::LeaseRejects => "ingested_at",
         Table::LeaseAlerts => "recorded_at",
+        Table::LeaseTimeline => "acquired_at",
+        Table::LeaseViolations => "at",
     }
 }
 

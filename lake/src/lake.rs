@@ -175,7 +175,10 @@ impl Lake {
                     Table::LeaseRejects => {
                         m.reject_kafka = loaded.txn_versions(&partitions).await?
                     }
-                    Table::LeaseAlerts => {}
+                    Table::LeaseTimeline => {
+                        m.stored_kafka = loaded.txn_versions(&partitions).await?
+                    }
+                    _ => {}
                 }
             }
         }
@@ -258,7 +261,8 @@ impl Lake {
                     let known = match table {
                         Table::LeaseEvents => Some(&base.kafka),
                         Table::LeaseRejects => Some(&base.reject_kafka),
-                        Table::LeaseAlerts => None,
+                        Table::LeaseTimeline => Some(&base.stored_kafka),
+                        _ => None,
                     };
                     loaded.commit(*table, *expected, &group, tc, known).await
                 }
@@ -481,6 +485,109 @@ impl Lake {
             }
         }
         Ok(out)
+    }
+
+    /// The cut of each lease in the stored audit tables' `files`: the
+    /// largest `settled_before` of its rows. Every row of the lease from
+    /// before it is stored.
+    pub async fn stored_cuts(
+        &self,
+        files: &[&DataFile],
+    ) -> Result<std::collections::HashMap<String, i64>> {
+        use arrow::datatypes::TimestampMicrosecondType;
+        let mut cuts: std::collections::HashMap<String, i64> = Default::default();
+        let columns = ["lease_id", leaseline_schema::SETTLED_BEFORE];
+        for f in files
+            .iter()
+            .filter(|f| Table::STORED_AUDIT.contains(&f.table))
+        {
+            let bytes = self.store.get(&f.path).await?;
+            for batch in parquet_io::column_reader(bytes, &columns)? {
+                let batch = batch?;
+                let (Some(ids), Some(cut)) = (
+                    batch.column_by_name("lease_id"),
+                    batch.column_by_name(leaseline_schema::SETTLED_BEFORE),
+                ) else {
+                    return Err(LakeError::Delta(format!(
+                        "{} lacks lease_id or {}",
+                        f.path,
+                        leaseline_schema::SETTLED_BEFORE
+                    )));
+                };
+                let (ids, cut) = (
+                    ids.as_string::<i32>(),
+                    cut.as_primitive::<TimestampMicrosecondType>(),
+                );
+                for i in 0..batch.num_rows() {
+                    let c = cuts.entry(ids.value(i).to_string()).or_insert(i64::MIN);
+                    *c = (*c).max(cut.value(i));
+                }
+            }
+        }
+        Ok(cuts)
+    }
+
+    /// The stored audit files of `m` that hold rows of `leases`, and files
+    /// written (not committed) with their other rows: what a
+    /// [`Change::Settle`] removes and adds to void those leases' rows.
+    pub async fn rewrite_without(
+        &self,
+        m: &Manifest,
+        leases: &HashSet<&str>,
+    ) -> Result<(Vec<String>, Vec<DataFile>)> {
+        let (mut remove, mut add) = (Vec::new(), Vec::new());
+        if leases.is_empty() {
+            return Ok((remove, add));
+        }
+        for f in m
+            .files
+            .iter()
+            .filter(|f| Table::STORED_AUDIT.contains(&f.table))
+        {
+            // The lease ids first: most files hold none of the leases.
+            let bytes = self.store.get(&f.path).await?;
+            let mut holds = false;
+            for batch in parquet_io::column_reader(bytes, &["lease_id"])? {
+                let batch = batch?;
+                if let Some(ids) = batch.column_by_name("lease_id") {
+                    holds |= ids
+                        .as_string::<i32>()
+                        .iter()
+                        .any(|id| id.is_some_and(|id| leases.contains(id)));
+                }
+            }
+            if !holds {
+                continue;
+            }
+            let mut kept = Vec::new();
+            let mut dropped = 0;
+            for batch in parquet_io::read_file(&self.store, &f.path).await? {
+                let ids = batch
+                    .column_by_name("lease_id")
+                    .ok_or_else(|| LakeError::Delta(format!("{} lacks lease_id", f.path)))?
+                    .as_string::<i32>();
+                let keep: Vec<bool> = ids
+                    .iter()
+                    .map(|id| !id.is_some_and(|id| leases.contains(id)))
+                    .collect();
+                let n = keep.iter().filter(|k| **k).count();
+                dropped += batch.num_rows() - n;
+                kept.push(parquet_io::filter_rows(&batch, &keep)?);
+            }
+            if dropped == 0 {
+                continue;
+            }
+            remove.push(f.path.clone());
+            let rest = parquet_io::concat(f.table, &kept)?;
+            match parquet_io::write_table(&self.store, f.table, &rest, f.level).await {
+                Ok(files) => add.extend(files),
+                Err(e) => {
+                    self.discard(&add).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok((remove, add))
     }
 
     /// Merges small files of the same table and day into larger ones.

@@ -22,6 +22,17 @@
 //! - A range that starts below what a table's `txn` already covers is
 //!   refused: a zombie writer can never add rows twice.
 //!
+//! The stored audit tables (`lease_timeline`, `lease_violations`) take
+//! [`Change::Settle`]: the rows an auditor let go of, and files rewritten
+//! without the rows of leases it audited again. Which rows are stored is
+//! told by the rows themselves (each carries its lease's cut), and a
+//! writer decides what to add on exactly the versions it commits on, so a
+//! conflict makes it read the rows committed since and decide again.
+//! `lease_timeline`'s `txn` per partition ([`Manifest::stored_kafka`]) is
+//! how far the writer's audit had been given that partition: the stored
+//! rows answer for every event below it, and a writer whose audit is
+//! behind it is refused, as a zombie ingester is.
+//!
 //! Files leave a table two ways. Compaction removes files and adds the
 //! merged one in one commit (the rows stay). Expiry removes whole `date`
 //! partitions past the retention, rows and all. Both need every file they
@@ -43,16 +54,36 @@ pub enum Table {
     LeaseEvents,
     LeaseRejects,
     LeaseAlerts,
+    /// The audit's settled grants (see `alerts/src/stored.rs`).
+    LeaseTimeline,
+    /// The audit's settled violations.
+    LeaseViolations,
 }
 
 impl Table {
-    pub const ALL: [Table; 3] = [Table::LeaseEvents, Table::LeaseRejects, Table::LeaseAlerts];
+    pub const ALL: [Table; 5] = [
+        Table::LeaseEvents,
+        Table::LeaseRejects,
+        Table::LeaseAlerts,
+        Table::LeaseTimeline,
+        Table::LeaseViolations,
+    ];
+
+    /// The tables SQL reads as they are stored. The stored audit tables
+    /// are only part of what SQL answers as `lease_timeline` and
+    /// `lease_violations` (their rows not settled yet are in memory).
+    pub const QUERIED: [Table; 3] = [Table::LeaseEvents, Table::LeaseRejects, Table::LeaseAlerts];
+
+    /// The tables of settled audit rows.
+    pub const STORED_AUDIT: [Table; 2] = [Table::LeaseTimeline, Table::LeaseViolations];
 
     pub fn name(self) -> &'static str {
         match self {
             Table::LeaseEvents => "lease_events",
             Table::LeaseRejects => "lease_rejects",
             Table::LeaseAlerts => "lease_alerts",
+            Table::LeaseTimeline => "lease_timeline",
+            Table::LeaseViolations => "lease_violations",
         }
     }
 }
@@ -121,6 +152,9 @@ pub struct Manifest {
     /// `lease_rejects`' `txn` versions: rejects of offsets below them are
     /// already committed.
     pub reject_kafka: Offsets,
+    /// The stored `lease_timeline`'s `txn` versions: the stored audit
+    /// rows of a partition's leases answer for its events below them.
+    pub stored_kafka: Offsets,
 }
 
 impl Manifest {
@@ -134,6 +168,7 @@ impl Manifest {
             files: Vec::new(),
             kafka: BTreeMap::new(),
             reject_kafka: BTreeMap::new(),
+            stored_kafka: BTreeMap::new(),
         }
     }
 
@@ -175,7 +210,8 @@ impl Manifest {
         match table {
             Table::LeaseEvents => Some(&self.kafka),
             Table::LeaseRejects => Some(&self.reject_kafka),
-            Table::LeaseAlerts => None,
+            Table::LeaseTimeline => Some(&self.stored_kafka),
+            _ => None,
         }
     }
 }
@@ -209,6 +245,17 @@ pub enum Change {
     /// Whole `date` partitions past the retention, removed with their
     /// rows (of any tables).
     Expire { remove: Vec<String> },
+    /// Settled rows of the stored audit tables: new files, and files
+    /// replaced by `add` files that hold their rows but those of leases
+    /// audited again (whose new rows `add` also holds). `kafka` are the
+    /// positions the writer's audit was given up to (empty ranges at the
+    /// next offset): the rows stored for those partitions' leases answer
+    /// for every event below them.
+    Settle {
+        add: Vec<DataFile>,
+        remove: Vec<String>,
+        kafka: Vec<KafkaRange>,
+    },
 }
 
 /// What one table's commit of a change holds.
@@ -251,18 +298,28 @@ impl Change {
                     out.entry(f.table).or_default().add.push(f.clone());
                 }
             }
-            Change::Expire { remove } => {
+            Change::Expire { remove } | Change::Settle { remove, .. } => {
                 for f in base.files.iter().filter(|f| remove.contains(&f.path)) {
                     let tc = out.entry(f.table).or_default();
                     tc.remove.push(f.clone());
                     tc.deletes_rows = true;
+                }
+                if let Change::Settle { add, kafka, .. } = self {
+                    for f in add {
+                        out.entry(f.table).or_default().add.push(f.clone());
+                    }
+                    if !kafka.is_empty() {
+                        out.entry(Table::LeaseTimeline).or_default().txns = kafka.clone();
+                    }
                 }
             }
         }
         let order = |t: &Table| match t {
             Table::LeaseRejects => 0,
             Table::LeaseAlerts => 1,
-            Table::LeaseEvents => 2,
+            Table::LeaseTimeline => 2,
+            Table::LeaseViolations => 3,
+            Table::LeaseEvents => 4,
         };
         let mut v: Vec<_> = out.into_iter().collect();
         v.sort_by_key(|(t, _)| order(t));
@@ -292,13 +349,22 @@ impl Change {
             next.files.retain(|f| !remove.contains(&f.path));
             next.files.extend(add.iter().cloned());
         }
-        if let Change::Expire { remove } = self {
+        if let Change::Expire { remove } | Change::Settle { remove, .. } = self {
             for p in remove {
                 if !base.files.iter().any(|f| &f.path == p) {
                     return Err(conflict(format!("{p} is no longer in the lake")));
                 }
             }
             next.files.retain(|f| !remove.contains(&f.path));
+        }
+        if let Change::Settle { add, .. } = self {
+            if let Some(f) = add.iter().find(|f| !Table::STORED_AUDIT.contains(&f.table)) {
+                return Err(conflict(format!(
+                    "{} is not a stored audit table's file",
+                    f.path
+                )));
+            }
+            next.files.extend(add.iter().cloned());
         }
         for (table, change) in &per_table {
             if let Some(done) = base.offsets_of(*table) {
@@ -319,7 +385,8 @@ impl Change {
             let offsets = match table {
                 Table::LeaseEvents => Some(&mut next.kafka),
                 Table::LeaseRejects => Some(&mut next.reject_kafka),
-                Table::LeaseAlerts => None,
+                Table::LeaseTimeline => Some(&mut next.stored_kafka),
+                _ => None,
             };
             if let Some(offsets) = offsets {
                 for r in &change.txns {
@@ -438,6 +505,76 @@ mod tests {
         let m = filtered.apply(&crashed, Utc::now()).unwrap();
         assert_eq!(m.next_offset("t", 0), Some(12));
         assert_eq!(m.next_reject_offset("t", 0), Some(12));
+    }
+
+    #[test]
+    fn settling_adds_audit_rows_and_replaces_files_still_there() {
+        let mut m = lake();
+        m.files = vec![
+            file(Table::LeaseEvents, "e"),
+            file(Table::LeaseTimeline, "t1"),
+            file(Table::LeaseViolations, "v1"),
+        ];
+        let s = Change::Settle {
+            add: vec![
+                file(Table::LeaseTimeline, "t2"),
+                file(Table::LeaseViolations, "v2"),
+            ],
+            remove: vec![m.files[1].path.clone()],
+            kafka: vec![KafkaRange {
+                topic: "t".into(),
+                partition: 0,
+                start: 7,
+                end: 7,
+            }],
+        };
+        let order: Vec<Table> = s.per_table(&m).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(order, vec![Table::LeaseTimeline, Table::LeaseViolations]);
+        let m1 = s.apply(&m, Utc::now()).unwrap();
+        let paths: Vec<&str> = m1.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "lease_events/date=2026-09-14/e",
+                "lease_violations/date=2026-09-14/v1",
+                "lease_timeline/date=2026-09-14/t2",
+                "lease_violations/date=2026-09-14/v2",
+            ]
+        );
+        assert_eq!(m1.tables[&Table::LeaseTimeline], 1);
+        assert_eq!(m1.tables[&Table::LeaseEvents], 0);
+        assert_eq!(m1.stored_kafka["t"][&0], 7);
+        // A writer whose audit is behind what is stored is refused.
+        let behind = Change::Settle {
+            add: vec![file(Table::LeaseTimeline, "t3")],
+            remove: vec![],
+            kafka: vec![KafkaRange {
+                topic: "t".into(),
+                partition: 0,
+                start: 5,
+                end: 5,
+            }],
+        };
+        assert!(matches!(
+            behind.apply(&m1, Utc::now()),
+            Err(LakeError::Conflict { .. })
+        ));
+        // Another writer replaced t1 first: deciding again is required, or
+        // the rows of t1 carried into t2 would be stored twice.
+        assert!(matches!(
+            s.apply(&m1, Utc::now()),
+            Err(LakeError::Conflict { .. })
+        ));
+        // Only the stored audit tables take settled rows.
+        let wrong = Change::Settle {
+            add: vec![file(Table::LeaseEvents, "x")],
+            remove: vec![],
+            kafka: vec![],
+        };
+        assert!(matches!(
+            wrong.apply(&m1, Utc::now()),
+            Err(LakeError::Conflict { .. })
+        ));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use leaseline_schema::{
     ALERTS_SCHEMA, EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY,
+    STORED_TIMELINE_SCHEMA, STORED_VIOLATIONS_SCHEMA,
 };
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
@@ -29,6 +30,8 @@ pub fn schema_of(table: Table) -> arrow::datatypes::SchemaRef {
         Table::LeaseEvents => EVENTS_SCHEMA.clone(),
         Table::LeaseRejects => REJECTS_SCHEMA.clone(),
         Table::LeaseAlerts => ALERTS_SCHEMA.clone(),
+        Table::LeaseTimeline => STORED_TIMELINE_SCHEMA.clone(),
+        Table::LeaseViolations => STORED_VIOLATIONS_SCHEMA.clone(),
     }
 }
 
@@ -141,6 +144,10 @@ pub fn sort_for_table(table: Table, batch: &RecordBatch) -> Result<RecordBatch> 
             "file_line",
         ],
         Table::LeaseAlerts => &["recorded_at", "alertname", "lease_id"],
+        // One lease's rows together, as for events: a re-audit reads the
+        // files that hold a lease.
+        Table::LeaseTimeline => &["lease_id", "acquired_at", "fencing_token"],
+        Table::LeaseViolations => &["lease_id", "at", "kind", "fencing_token"],
     };
     let cols: Vec<SortColumn> = names
         .iter()

@@ -28,7 +28,7 @@ impl PendingSnapshot {
         match table {
             Table::LeaseEvents => &self.events,
             Table::LeaseRejects => &self.rejects,
-            Table::LeaseAlerts => &[],
+            _ => &[],
         }
     }
 

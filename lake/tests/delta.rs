@@ -263,3 +263,104 @@ async fn a_snapshot_lists_files_in_the_order_they_were_committed() {
         .collect();
     assert_eq!(listed, committed);
 }
+
+/// Stored `lease_timeline` rows, one per `(lease, token)`, each with its
+/// lease's cut.
+fn grants(rows: &[(&str, u64, i64)]) -> RecordBatch {
+    let schema = leaseline_schema::STORED_TIMELINE_SCHEMA.clone();
+    let lines: String = rows
+        .iter()
+        .map(|(lease, token, cut)| {
+            format!(
+                r#"{{"lease_id":"{lease}","fencing_token":{token},"holder_id":"h","acquired_at":{},"end_kind":"released","renewals":0,"renew_failures":0,"writes_accepted":0,"stale_writes_rejected":0,"acquired_by":"coordinator","settled_before":{cut}}}"#,
+                1_789_380_000_000_000 + *token as i64
+            ) + "\n"
+        })
+        .collect();
+    let mut reader = arrow::json::ReaderBuilder::new(schema)
+        .build(std::io::Cursor::new(lines))
+        .unwrap();
+    reader.next().unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn stored_audit_rows_tell_their_cuts_and_a_lease_is_rewritten_out_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let base = lake.latest().await.unwrap();
+    let mut add = lake
+        .write(
+            Table::LeaseTimeline,
+            &grants(&[("a", 1, 10), ("b", 1, 20), ("a", 2, 30)]),
+        )
+        .await
+        .unwrap();
+    add.extend(
+        lake.write(Table::LeaseTimeline, &grants(&[("c", 1, 5)]))
+            .await
+            .unwrap(),
+    );
+    let settle = Change::Settle {
+        add,
+        remove: vec![],
+        kafka: vec![range(9, 9)],
+    };
+    let m = lake.commit(&base, &settle).await.unwrap();
+    assert_eq!(m.stored_kafka["t"][&0], 9);
+    let cuts = lake
+        .stored_cuts(&m.files.iter().collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(cuts.len(), 3);
+    assert_eq!((cuts["a"], cuts["b"], cuts["c"]), (30, 20, 5));
+
+    // A writer that decided on the snapshot before conflicts.
+    let again = Change::Settle {
+        add: lake
+            .write(Table::LeaseTimeline, &grants(&[("d", 1, 5)]))
+            .await
+            .unwrap(),
+        remove: vec![],
+        kafka: vec![],
+    };
+    assert!(matches!(
+        lake.commit(&base, &again).await,
+        Err(LakeError::Conflict { .. })
+    ));
+
+    // Voiding "a": the file with a's rows is rewritten with b's alone;
+    // c's file is left as it is.
+    let void = std::collections::HashSet::from(["a"]);
+    let (remove, add) = lake.rewrite_without(&m, &void).await.unwrap();
+    assert_eq!(remove.len(), 1);
+    assert_eq!(add.len(), 1);
+    assert_eq!(add[0].rows, 1);
+    let m2 = lake
+        .commit(
+            &m,
+            &Change::Settle {
+                add,
+                remove,
+                kafka: vec![],
+            },
+        )
+        .await
+        .unwrap();
+    let cuts = lake
+        .stored_cuts(&m2.files.iter().collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(cuts.len(), 2);
+    assert_eq!((cuts["b"], cuts["c"]), (20, 5));
+    let rows = lake.read_table(&m2, Table::LeaseTimeline).await.unwrap();
+    let ids: Vec<&str> = rows
+        .column_by_name("lease_id")
+        .unwrap()
+        .as_string::<i32>()
+        .iter()
+        .map(|s| s.unwrap())
+        .collect();
+    let mut ids = ids;
+    ids.sort();
+    assert_eq!(ids, ["b", "c"]);
+}

@@ -14,6 +14,7 @@
 //! and alerts all agree on the event through it.
 
 mod arrow;
+mod audit;
 mod decode;
 mod event;
 mod read;
@@ -21,6 +22,10 @@ mod read;
 pub use crate::arrow::{
     EventBatchBuilder, RejectBatchBuilder, ALERTS_SCHEMA, EVENTS_SCHEMA, REJECTS_SCHEMA,
     SCHEMA_VERSION, SCHEMA_VERSION_KEY,
+};
+pub use crate::audit::{
+    HOLDERS_SCHEMA, SETTLED_BEFORE, STORED_TIMELINE_SCHEMA, STORED_VIOLATIONS_SCHEMA,
+    TIMELINE_SCHEMA, VIOLATIONS_SCHEMA,
 };
 pub use crate::decode::{
     decode, decode_str, decode_str_by_serde, decode_str_fast_only, DecodeError, Field,
