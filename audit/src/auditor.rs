@@ -93,6 +93,24 @@ pub struct Auditor {
     stale: Vec<Sym>,
     /// Leases stale and not replayed yet, whether taken or not.
     stale_leases: usize,
+    /// Leases replayed whole since their rows were last released
+    /// ([`Auditor::release_kept`]): the rows stored for them are void.
+    voided: Vec<Sym>,
+    /// Where the rows released are stored.
+    stored: Option<std::sync::Arc<StoredFiles>>,
+    /// Bumped at each release: answers derived before it are out of date
+    /// whatever the events held.
+    generation: u64,
+}
+
+/// The files of the lake's stored audit tables that hold the rows an
+/// auditor released ([`Auditor::release_kept`]), as `(path, bytes)`
+/// relative to the lake root: those rows together with what the auditor
+/// answers are the whole tables.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoredFiles {
+    pub timeline: Vec<(String, u64)>,
+    pub violations: Vec<(String, u64)>,
 }
 
 /// The rows of one lease that [`Auditor::settle`] let go of.
@@ -133,6 +151,9 @@ impl Auditor {
             scratch: Scratch::default(),
             stale: Vec::new(),
             stale_leases: 0,
+            voided: Vec::new(),
+            stored: None,
+            generation: 0,
         }
     }
 
@@ -618,6 +639,111 @@ impl Auditor {
         grants
     }
 
+    /// The rows settled and kept, not released yet, per lease with its
+    /// cut: what to store.
+    pub fn kept(&mut self) -> Vec<Settled> {
+        self.file_log();
+        self.states
+            .iter()
+            .filter(|s| !s.kept_grants.is_empty() || !s.kept_violations.is_empty())
+            .map(|s| Settled {
+                lease_id: s.id.clone(),
+                grants: s.kept_grants.clone(),
+                violations: s.kept_violations.clone(),
+                cut: s.cut,
+            })
+            .collect()
+    }
+
+    /// The kept rows are stored in `stored` (with those released before)
+    /// and the rows of the leases [`Auditor::voided`] names are gone from
+    /// it: the auditor stops answering them. Returns the violations
+    /// released, which a caller that alerts keeps to tell what a later
+    /// replay of their lease changes ([`Auditor::reload`]).
+    pub fn release_kept(&mut self, stored: std::sync::Arc<StoredFiles>) -> Vec<Violation> {
+        self.file_log();
+        let mut released = Vec::new();
+        for state in &mut self.states {
+            state.kept_grants = Vec::new();
+            released.append(&mut state.kept_violations);
+        }
+        self.voided.clear();
+        self.stored = Some(stored);
+        self.generation += 1;
+        released
+    }
+
+    /// Leases replayed whole since the last release, whose stored rows
+    /// are void; while any is, the stored rows and the auditor's answers
+    /// overlap.
+    pub fn voided(&self) -> Vec<std::sync::Arc<str>> {
+        self.voided
+            .iter()
+            .map(|&l| self.states[l as usize].id.clone())
+            .collect()
+    }
+
+    /// The stored files as they are now, with no new release: the files
+    /// another writer's commit or a compaction changed.
+    pub fn set_stored(&mut self, stored: std::sync::Arc<StoredFiles>) {
+        if self.stored.as_deref() != Some(&*stored) {
+            self.stored = Some(stored);
+            self.generation += 1;
+        }
+    }
+
+    /// Where the released rows are stored, once any were.
+    pub fn stored(&self) -> Option<std::sync::Arc<StoredFiles>> {
+        self.stored.clone()
+    }
+
+    /// Counts releases (see [`Auditor::release_kept`]).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Settles `lease_id` at exactly `cut`, dropping its rows from before
+    /// it: a writer that restarted replays a lease's history and finds its
+    /// rows before `cut` stored already. The cut is found as
+    /// [`Auditor::settle`] finds one, so it is made only if the events the
+    /// auditor holds allow it; otherwise (an event arrived since that
+    /// changes a row before it) the lease is voided ([`Auditor::voided`])
+    /// and answered whole until its next cut. Returns the violations
+    /// dropped, `None` if the cut was not made.
+    pub fn resume(&mut self, lease_id: &str, cut: i64) -> Option<Vec<Violation>> {
+        self.file_log();
+        let lease = self.leases.find(lease_id)?;
+        let state = &mut self.states[lease as usize];
+        let found = if state.stale || state.events.is_empty() || state.cut >= cut {
+            None
+        } else {
+            state.recompute(&self.strings, &self.ids, self.tol, &mut self.scratch);
+            crate::settle::find_cut(&state.events, &self.scratch, self.tol, cut, state.cut)
+                .filter(|c| c.ts == cut)
+        };
+        let Some(found) = found else {
+            if state.cut < cut && !self.voided.contains(&lease) {
+                self.voided.push(lease);
+            }
+            return None;
+        };
+        let dropped = state
+            .violations
+            .iter()
+            .filter(|v| v.at < cut)
+            .cloned()
+            .collect();
+        state.apply_cut(found, &self.scratch);
+        // Kept rows are before any cut, so before this one: stored.
+        state.kept_grants = Vec::new();
+        state.kept_violations = Vec::new();
+        state.recompute(&self.strings, &self.ids, self.tol, &mut self.scratch);
+        self.touch(lease);
+        // Rows are now answered by the stored tables only.
+        self.generation += 1;
+        Some(dropped)
+    }
+
     /// Forgets the ids of events no longer held, so that the table of ids
     /// follows what is held rather than the history. A settled event's id
     /// is then unknown, so a duplicate of it is taken for a new event; it
@@ -683,6 +809,9 @@ impl Auditor {
             state.drained.sort_unstable();
             state.drained.dedup();
             self.touch(lease);
+        }
+        if let Some(lease) = lease.filter(|l| !self.voided.contains(l)) {
+            self.voided.push(lease);
         }
         for event in events {
             if event.lease_id != lease_id {

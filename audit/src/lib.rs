@@ -138,10 +138,11 @@ mod ser;
 mod settle;
 mod shared;
 mod strtab;
+pub mod table;
 mod text;
 mod violation;
 
-pub use crate::auditor::{Auditor, Settled};
+pub use crate::auditor::{Auditor, Settled, StoredFiles};
 pub use crate::config::AuditConfig;
 pub use crate::grant::{EndKind, Grant, LeaseHolder};
 pub use crate::lease::LeaseAudit;

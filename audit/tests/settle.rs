@@ -9,7 +9,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use common::{events, grant_row, settling, violation_row, Lcg};
-use leaseline_audit::{AuditConfig, Auditor, Grant, Violation};
+use std::sync::Arc;
+
+use leaseline_audit::{AuditConfig, Auditor, Grant, StoredFiles, Violation};
 use leaseline_schema::{Kind, LeaseEvent, Source};
 
 const T0: i64 = 1_789_380_000_000_000;
@@ -199,6 +201,123 @@ fn fleets_delivered_late_settle_to_the_whole_historys_answer() {
         }
     }
     assert!(reloads_seen, "no late event ever reached settled rows");
+}
+
+/// What the lake's stored audit tables hold in this test: per lease, its
+/// cut and the rows stored.
+type Stored = BTreeMap<String, (i64, Vec<Grant>, Vec<Violation>)>;
+
+/// The live engine's commit: the voided leases' rows go, the kept rows
+/// come with their lease's cut, and the auditor releases them.
+fn store(a: &mut Auditor, stored: &mut Stored) {
+    for lease in a.voided() {
+        stored.remove(&*lease);
+    }
+    for s in a.kept() {
+        let rows = stored.entry(s.lease_id.to_string()).or_default();
+        rows.0 = s.cut;
+        rows.1.extend(s.grants);
+        rows.2.extend(s.violations);
+    }
+    a.release_kept(Arc::new(StoredFiles::default()));
+    assert!(a.voided().is_empty() && a.kept().is_empty());
+}
+
+/// The protocol of `serve --ingest` with the lake's stored tables
+/// (`alerts/src/stored.rs`): settle keeping the rows, now and then store
+/// the kept rows and release them, void the stored rows of a lease
+/// replayed for a late event; a restart half-way pushes the whole history
+/// into a new auditor and resumes each lease at its stored cut. The stored
+/// rows and what the auditor answers are, together, the whole history's
+/// answer, none twice, after the restart and at the end.
+#[test]
+fn stored_rows_and_a_restart_at_their_cuts_answer_the_whole_history() {
+    let (mut resumed, mut voided) = (0, 0);
+    for seed in 1..=20 {
+        let history = fleet(seed, 6, 40);
+        let horizon = 2 * SEC;
+        let restart = history.len() / 2;
+        let mut stored = Stored::new();
+        let mut a = Auditor::default();
+        let mut lake: Vec<LeaseEvent<'static>> = Vec::new();
+        let whole = |a: &mut Auditor, stored: &Stored| {
+            let mut grants: Vec<String> = stored
+                .values()
+                .flat_map(|r| r.1.iter().map(grant_row))
+                .chain(a.timeline().iter().map(grant_row))
+                .collect();
+            let mut violations: Vec<String> = stored
+                .values()
+                .flat_map(|r| r.2.iter().map(violation_row))
+                .chain(a.violations().iter().map(violation_row))
+                .collect();
+            grants.sort();
+            violations.sort();
+            (grants, violations)
+        };
+        let expect = |events: &[LeaseEvent<'static>]| {
+            let (mut g, mut v) = full(events);
+            g.sort();
+            v.sort();
+            (g, v)
+        };
+        // How many of the lake's events the stored rows answer for (the
+        // position a commit records).
+        let mut position = 0;
+        let reaudit = |a: &mut Auditor, lake: &[LeaseEvent<'static>]| {
+            for lease in a.take_stale() {
+                let h: Vec<_> = lake.iter().filter(|x| *x.lease_id == *lease).collect();
+                a.reload(&lease, h, &[]);
+            }
+        };
+        for (i, e) in history.iter().enumerate() {
+            if i == restart {
+                // The replay: the events the stored rows answer for, each
+                // lease at its stored cut, then the rest as they came.
+                a = Auditor::default();
+                a.push_all(&lake[..position]);
+                for (lease, (cut, _, _)) in &stored {
+                    match a.resume(lease, *cut) {
+                        Some(_) => resumed += 1,
+                        None => voided += 1,
+                    }
+                }
+                for e in &lake[position..] {
+                    a.push(e);
+                    reaudit(&mut a, &lake);
+                }
+                store(&mut a, &mut stored);
+                position = lake.len();
+                assert_eq!(
+                    whole(&mut a, &stored),
+                    expect(&lake),
+                    "seed {seed}: restarted"
+                );
+            }
+            a.push(e);
+            lake.push(e.clone());
+            reaudit(&mut a, &lake);
+            a.settle_keeping(a.latest_ts().unwrap() - horizon);
+            if i % 50 == 0 {
+                store(&mut a, &mut stored);
+                position = lake.len();
+            }
+        }
+        store(&mut a, &mut stored);
+        assert_eq!(
+            whole(&mut a, &stored),
+            expect(&history),
+            "seed {seed}: at the end"
+        );
+        assert!(
+            stored.values().any(|r| !r.1.is_empty()),
+            "seed {seed}: nothing was stored"
+        );
+    }
+    assert!(resumed > 0, "no lease resumed at its cut");
+    // The events below the recorded position are those the stored rows
+    // were settled from, so every stored cut can be made again.
+    assert_eq!(voided, 0, "a stored cut the replay could not make");
 }
 
 /// Drives an auditor as a service would: push, replay stale leases from
