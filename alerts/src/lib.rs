@@ -27,6 +27,7 @@ mod metrics;
 mod notify;
 pub mod rebuild;
 mod settling;
+mod stored;
 mod text;
 
 pub use crate::alert::{Alert, AlertKey, AlertName, AlertState};

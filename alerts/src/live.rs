@@ -23,6 +23,7 @@ use crate::history::{AlertHistory, Recorded};
 use crate::notify::Notifier;
 use crate::rebuild::{PartitionHistory, Positions};
 use crate::settling::Settling;
+use crate::stored::Resume;
 
 const TICK: Duration = Duration::from_millis(100);
 const HISTORY_FLUSH: Duration = Duration::from_secs(5);
@@ -152,10 +153,15 @@ pub async fn run(
                         .iter()
                         .any(|c| partition_of(c).is_some_and(|p| !p.0.is_empty()));
                     revoked |= batch.iter().any(|c| matches!(c, Committed::Revoked(_)));
-                    let lake_history = if batch.iter().any(|c| matches!(c, Committed::Assigned(p) if !p.0.is_empty())) {
+                    let assigned = batch.iter().any(|c| matches!(c, Committed::Assigned(p) if !p.0.is_empty()));
+                    let lake_history = if assigned {
                         rebuild_sources(&lake, &mut recorded).await
                     } else {
                         None
+                    };
+                    let resume = match settling.as_mut() {
+                        Some(s) if lake_history.is_some() => s.resume_point(&lake).await,
+                        _ => None,
                     };
                     let now = now_us();
                     let mut ctx = Take {
@@ -164,6 +170,7 @@ pub async fn run(
                         keying: &mut keying,
                         positions: &mut positions,
                         lake_history: lake_history.as_ref(),
+                        resume: resume.as_ref(),
                         now,
                         unmarked: &mut unmarked,
                     };
@@ -182,7 +189,10 @@ pub async fn run(
         // file input has no offsets to tell what the engine was given from
         // what the lake holds, so it keeps every event.
         let answers = match settling.as_mut() {
-            Some(s) if from_kafka => s.step_live(&mut engine, &lake, &positions).await,
+            Some(s) if from_kafka => {
+                s.step_live(&mut engine, &lake, &positions, &keying.assigned)
+                    .await
+            }
             _ => true,
         };
         if answers {
@@ -268,6 +278,8 @@ struct Take<'a> {
     keying: &'a mut Keying,
     positions: &'a mut Positions,
     lake_history: Option<&'a PartitionHistory>,
+    /// Where the stored audit rows of the partitions replayed end.
+    resume: Option<&'a Resume>,
     now: i64,
     unmarked: &'a mut Option<u64>,
 }
@@ -290,8 +302,33 @@ impl Take<'_> {
                         &mut *self.keying,
                         self.now,
                     );
-                    let n = h.replay(&p, self.positions, |ev| {
+                    // The events the stored rows answer for, then each lease
+                    // replayed settled where its stored rows end, then the
+                    // rest, any of which may make a lease stale as it did
+                    // live (see crate::stored).
+                    let until = self.resume.and_then(|r| r.position(&p));
+                    let mut leases: HashSet<String> = HashSet::new();
+                    let first = h.replay_until(&p, self.positions, until, |ev| {
+                        if until.is_some() && !leases.contains(&*ev.lease_id) {
+                            leases.insert(ev.lease_id.to_string());
+                        }
                         give(engine, clock, keying, now, ev, &p)
+                    });
+                    if let Some(r) = self.resume.filter(|_| until.is_some()) {
+                        let resumed = engine.resume(
+                            leases
+                                .iter()
+                                .filter_map(|l| r.cuts.get(l).map(|&c| (l.as_str(), c))),
+                        );
+                        if resumed > 0 {
+                            info!(topic = %p.0, partition = p.1, leases = resumed, "took the lake's stored audit rows of the replayed leases as settled");
+                        }
+                    }
+                    let n = first.and_then(|a| {
+                        h.replay(&p, self.positions, |ev| {
+                            give(engine, clock, keying, now, ev, &p)
+                        })
+                        .map(|b| a + b)
                     });
                     match n {
                         Ok(n) if n > 0 => {

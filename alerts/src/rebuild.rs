@@ -58,6 +58,11 @@ impl Positions {
         }
     }
 
+    /// Each partition with the offset after the last event given.
+    pub fn iter(&self) -> impl Iterator<Item = (&PartitionKey, i64)> {
+        self.0.iter().map(|(p, next)| (p, *next))
+    }
+
     /// Whether the record at `offset` of `topic`'s `partition` was given
     /// to the engine.
     pub fn given(&self, topic: &str, partition: i32, offset: i64) -> bool {
@@ -131,6 +136,18 @@ impl PartitionHistory {
         &self,
         p: &PartitionKey,
         positions: &mut Positions,
+        take: impl FnMut(&LeaseEvent<'_>),
+    ) -> Result<usize> {
+        self.replay_until(p, positions, None, take)
+    }
+
+    /// [`PartitionHistory::replay`], of the offsets below `until` only
+    /// (all of them for `None`); a later call gives the rest.
+    pub fn replay_until(
+        &self,
+        p: &PartitionKey,
+        positions: &mut Positions,
+        until: Option<i64>,
         mut take: impl FnMut(&LeaseEvent<'_>),
     ) -> Result<usize> {
         let Some(rows) = self.rows.get(&(p.0.to_string(), p.1)) else {
@@ -138,6 +155,9 @@ impl PartitionHistory {
         };
         let mut n = 0;
         for &(offset, i) in rows {
+            if until.is_some_and(|u| offset >= u) {
+                break;
+            }
             if positions.take(p, Some(offset)) {
                 take(&self.cols.event(i)?);
                 n += 1;

@@ -54,9 +54,11 @@ use leaseline_lake::{Lake, Manifest, Table};
 use leaseline_schema::EventColumns;
 use tracing::{error, info};
 
+use crate::clock::PartitionKey;
 use crate::engine::AlertEngine;
 use crate::error::Result;
 use crate::rebuild::Positions;
+use crate::stored::{Resume, StoredAudit};
 
 /// The columns that say which Kafka record a row of `lease_events` came
 /// from.
@@ -77,6 +79,12 @@ pub struct Settling {
     /// and when to try again.
     pending: Vec<Arc<str>>,
     retry: Option<(Instant, Duration)>,
+    /// The live engine's settled rows in the lake.
+    stored: StoredAudit,
+    /// Rows kept or leases voided since the last commit of them.
+    unstored: bool,
+    /// When to try that commit again after a failure.
+    store_retry: Option<(Instant, Duration)>,
 }
 
 /// The first wait before reading the lake again for stale leases, doubled
@@ -94,6 +102,9 @@ impl Settling {
             reloads: 0,
             pending: Vec::new(),
             retry: None,
+            stored: StoredAudit::new(),
+            unstored: false,
+            store_retry: None,
         })
     }
 
@@ -143,6 +154,7 @@ impl Settling {
         engine: &mut AlertEngine,
         lake: &Lake,
         given: &Positions,
+        assigned: &HashSet<PartitionKey>,
     ) -> bool {
         let watermark = engine.watermark();
         if watermark > i64::MIN {
@@ -152,10 +164,77 @@ impl Settling {
                     before = %crate::text::fmt_ts(cutoff),
                     grants,
                     events_held = engine.held_events(),
-                    "settled the audit: grants that ended before the window are kept as rows"
+                    "settled the audit: grants that ended before the window go to the lake's stored tables"
                 );
+                self.unstored = true;
             }
         }
+        let answers = self.reaudit_live(engine, lake, given).await;
+        if answers {
+            self.store(engine, lake, given, assigned).await;
+        }
+        answers
+    }
+
+    /// Where the stored rows of partitions about to be replayed end (see
+    /// [`crate::stored`]); none if the lake cannot tell, and the replay
+    /// then keeps every row in memory (its next commit leaves out what is
+    /// stored).
+    pub async fn resume_point(&mut self, lake: &Lake) -> Option<Resume> {
+        self.unstored = true;
+        match self.stored.resume_point(lake).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                error!(error = %e, "could not read the lake's stored audit rows; the replayed history is kept whole");
+                None
+            }
+        }
+    }
+
+    /// Commits the rows settled since the last commit, when there are any
+    /// and the last failure's wait is over, or refreshes the list of stored
+    /// files now and then.
+    async fn store(
+        &mut self,
+        engine: &mut AlertEngine,
+        lake: &Lake,
+        given: &Positions,
+        assigned: &HashSet<PartitionKey>,
+    ) {
+        if self.store_retry.is_some_and(|(at, _)| Instant::now() < at) {
+            return;
+        }
+        if !self.unstored && !engine.voided().is_empty() {
+            self.unstored = true;
+        }
+        let result = if self.unstored {
+            self.stored.flush(engine, lake, given, assigned).await
+        } else {
+            self.stored.refresh_published(engine, lake).await
+        };
+        match result {
+            Ok(()) => {
+                self.unstored = false;
+                self.store_retry = None;
+            }
+            Err(e) => {
+                let wait = self
+                    .store_retry
+                    .map_or(RETRY_FIRST, |(_, w)| (w * 2).min(RETRY_MAX));
+                error!(error = %e, retry_in = ?wait, "could not store the audit's settled rows in the lake; they stay in memory meanwhile");
+                self.store_retry = Some((Instant::now() + wait, wait));
+            }
+        }
+    }
+
+    /// Audits again each stale lease from the rows of the lake the engine
+    /// was given; false while one could not be.
+    async fn reaudit_live(
+        &mut self,
+        engine: &mut AlertEngine,
+        lake: &Lake,
+        given: &Positions,
+    ) -> bool {
         for lease in engine.take_stale() {
             if !self.pending.contains(&lease) {
                 self.pending.push(lease);
@@ -178,6 +257,7 @@ impl Settling {
         match read.await {
             Ok(()) => {
                 self.retry = None;
+                self.unstored = true;
                 true
             }
             Err(e) => {

@@ -19,18 +19,16 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use arrow::array::{
-    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, RecordBatch,
-    StringBuilder, TimestampMicrosecondBuilder, UInt64Builder,
-};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::datasource::{MemTable, TableType};
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
-use leaseline_audit::{AuditConfig, Auditor, Grant, LeaseHolder, SharedAuditor, Violation};
+use leaseline_audit::table::{holders_batch, timeline_batch, violations_batch};
+use leaseline_audit::{AuditConfig, Auditor, SharedAuditor, StoredFiles};
 use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
 use leaseline_schema::{EventColumns, LeaseEvent};
 use tokio::sync::Mutex;
@@ -62,74 +60,12 @@ impl AuditView {
 
     pub fn schema(self) -> SchemaRef {
         match self {
-            AuditView::Timeline => TIMELINE_SCHEMA.clone(),
-            AuditView::Violations => VIOLATIONS_SCHEMA.clone(),
-            AuditView::Holders => HOLDERS_SCHEMA.clone(),
+            AuditView::Timeline => leaseline_schema::TIMELINE_SCHEMA.clone(),
+            AuditView::Violations => leaseline_schema::VIOLATIONS_SCHEMA.clone(),
+            AuditView::Holders => leaseline_schema::HOLDERS_SCHEMA.clone(),
         }
     }
 }
-
-fn ts() -> DataType {
-    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
-}
-
-static TIMELINE_SCHEMA: std::sync::LazyLock<SchemaRef> = std::sync::LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("lease_id", DataType::Utf8, false),
-        Field::new("fencing_token", DataType::UInt64, false),
-        Field::new("holder_id", DataType::Utf8, false),
-        Field::new("backend", DataType::Utf8, true),
-        Field::new("acquired_at", ts(), false),
-        Field::new("ended_at", ts(), true),
-        Field::new("end_kind", DataType::Utf8, false),
-        Field::new("ttl_ms", DataType::Int64, true),
-        Field::new("renewals", DataType::Int64, false),
-        Field::new("renew_failures", DataType::Int64, false),
-        Field::new("max_renew_gap_ms", DataType::Float64, true),
-        Field::new("writes_accepted", DataType::Int64, false),
-        Field::new("stale_writes_rejected", DataType::Int64, false),
-        Field::new("trace_id", DataType::Utf8, true),
-        // Two columns past the grant's own facts, for the dashboards and
-        // postmortems: when validity ends even while the grant is still
-        // open, and whose report the start time comes from.
-        Field::new("valid_until", ts(), true),
-        Field::new("acquired_by", DataType::Utf8, false),
-    ]))
-});
-
-static VIOLATIONS_SCHEMA: std::sync::LazyLock<SchemaRef> = std::sync::LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("kind", DataType::Utf8, false),
-        Field::new("lease_id", DataType::Utf8, false),
-        Field::new("fencing_token", DataType::UInt64, false),
-        Field::new("holder_id", DataType::Utf8, true),
-        Field::new("at", ts(), false),
-        Field::new("other_fencing_token", DataType::UInt64, true),
-        Field::new("other_holder_id", DataType::Utf8, true),
-        Field::new("detail", DataType::Utf8, false),
-        Field::new(
-            "evidence",
-            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
-            false,
-        ),
-    ]))
-});
-
-static HOLDERS_SCHEMA: std::sync::LazyLock<SchemaRef> = std::sync::LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("lease_id", DataType::Utf8, false),
-        Field::new("holder_id", DataType::Utf8, false),
-        Field::new("fencing_token", DataType::UInt64, false),
-        Field::new("valid", DataType::Boolean, false),
-        Field::new("acquired_at", ts(), false),
-        Field::new("valid_until", ts(), true),
-        Field::new("ended_at", ts(), true),
-        Field::new("end_kind", DataType::Utf8, false),
-        Field::new("backend", DataType::Utf8, true),
-        Field::new("ttl_ms", DataType::Int64, true),
-        Field::new("renewals", DataType::Int64, false),
-    ]))
-});
 
 /// The derived tables of one snapshot.
 #[derive(Debug, Clone)]
@@ -139,6 +75,10 @@ pub struct AuditTables {
     pub timeline: Vec<RecordBatch>,
     pub violations: Vec<RecordBatch>,
     pub holders: Vec<RecordBatch>,
+    /// Files of the lake's stored audit tables whose rows complete
+    /// `timeline` and `violations` (an auditor that released its settled
+    /// rows to the lake).
+    pub stored: Option<Arc<StoredFiles>>,
 }
 
 impl AuditTables {
@@ -300,12 +240,17 @@ impl AuditCache {
 /// commit within milliseconds unless it is far behind.
 const LIVE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// The events an auditor held and its release count
+/// ([`Auditor::generation`]) when tables were derived from it.
+type DerivedFrom = (usize, u64);
+
 /// The derived tables of an auditor the process feeds as the lake commits
 /// (its alert engine's); see the module docs.
 pub struct LiveAudit {
     shared: SharedAuditor,
-    /// The tables and the number of events they were derived from.
-    derived: std::sync::Mutex<Option<(usize, Arc<AuditTables>)>>,
+    /// The tables, and the number of events and the release they were
+    /// derived from.
+    derived: std::sync::Mutex<Option<(DerivedFrom, Arc<AuditTables>)>>,
     /// Reads answered from the shared auditor, and those that were not.
     answered: std::sync::atomic::AtomicU64,
     passed: std::sync::atomic::AtomicU64,
@@ -352,22 +297,31 @@ impl LiveAudit {
                 }
             }
             let mut auditor = live.shared.lock();
-            if auditor.stale_leases() > 0 {
-                // A lease's answers are wrong until it is audited again
-                // from the lake, which the engine is doing.
+            // A lease's answers are wrong until it is audited again from
+            // the lake, which the engine is doing; a lease audited again
+            // answers rows the stored tables still hold until the engine
+            // commits their removal; and rows released to the stored
+            // tables need those tables' files.
+            let released = auditor.generation() > 0;
+            if auditor.stale_leases() > 0
+                || !auditor.voided().is_empty()
+                || (released && auditor.stored().is_none())
+            {
                 live.passed
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return None;
             }
             live.answered
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let n = auditor.len();
+            let key = (auditor.len(), auditor.generation());
             let mut derived = live.derived.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((_, t)) = derived.as_ref().filter(|(k, _)| *k == n) {
+            if let Some((_, t)) = derived.as_ref().filter(|(k, _)| *k == key) {
                 return Some(t.clone());
             }
-            let t = Arc::new(derive(&mut auditor, version));
-            *derived = Some((n, t.clone()));
+            let mut t = derive(&mut auditor, version);
+            t.stored = auditor.stored();
+            let t = Arc::new(t);
+            *derived = Some((key, t.clone()));
             Some(t)
         })
         .await
@@ -532,6 +486,7 @@ pub fn derive(auditor: &mut Auditor, version: u64) -> AuditTables {
         timeline: in_batches(&auditor.timeline(), timeline_batch),
         violations: in_batches(&auditor.violations(), violations_batch),
         holders: in_batches(&auditor.holders(), holders_batch),
+        stored: None,
     }
 }
 
@@ -547,155 +502,6 @@ fn in_batches<T>(rows: &[T], batch: impl Fn(&[T]) -> RecordBatch) -> Vec<RecordB
         return vec![batch(rows)];
     }
     rows.chunks(DERIVED_BATCH_ROWS).map(batch).collect()
-}
-
-fn ts_col(b: TimestampMicrosecondBuilder) -> ArrayRef {
-    let mut b = b;
-    Arc::new(b.finish().with_timezone("UTC"))
-}
-
-pub fn timeline_batch(grants: &[Grant]) -> RecordBatch {
-    let mut lease = StringBuilder::new();
-    let mut token = UInt64Builder::new();
-    let mut holder = StringBuilder::new();
-    let mut backend = StringBuilder::new();
-    let mut acquired = TimestampMicrosecondBuilder::new();
-    let mut ended = TimestampMicrosecondBuilder::new();
-    let mut end_kind = StringBuilder::new();
-    let mut ttl = Int64Builder::new();
-    let mut renewals = Int64Builder::new();
-    let mut failures = Int64Builder::new();
-    let mut gap = Float64Builder::new();
-    let mut accepted = Int64Builder::new();
-    let mut stale = Int64Builder::new();
-    let mut trace = StringBuilder::new();
-    let mut valid_until = TimestampMicrosecondBuilder::new();
-    let mut acquired_by = StringBuilder::new();
-    for g in grants {
-        lease.append_value(&g.lease_id);
-        token.append_value(g.fencing_token);
-        holder.append_value(&g.holder_id);
-        backend.append_option(g.backend.as_deref());
-        acquired.append_value(g.acquired_at);
-        ended.append_option(g.ended_at);
-        end_kind.append_value(g.end_kind.as_str());
-        ttl.append_option(g.ttl_ms);
-        renewals.append_value(count(g.renewals));
-        failures.append_value(count(g.renew_failures));
-        gap.append_option(g.max_renew_gap_ms);
-        accepted.append_value(count(g.writes_accepted));
-        stale.append_value(count(g.stale_writes_rejected));
-        trace.append_option(g.trace_id.as_deref());
-        valid_until.append_option(g.valid_until);
-        acquired_by.append_value(g.acquired_by.as_str());
-    }
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(lease.finish()),
-        Arc::new(token.finish()),
-        Arc::new(holder.finish()),
-        Arc::new(backend.finish()),
-        ts_col(acquired),
-        ts_col(ended),
-        Arc::new(end_kind.finish()),
-        Arc::new(ttl.finish()),
-        Arc::new(renewals.finish()),
-        Arc::new(failures.finish()),
-        Arc::new(gap.finish()),
-        Arc::new(accepted.finish()),
-        Arc::new(stale.finish()),
-        Arc::new(trace.finish()),
-        ts_col(valid_until),
-        Arc::new(acquired_by.finish()),
-    ];
-    RecordBatch::try_new(TIMELINE_SCHEMA.clone(), cols).expect("timeline columns match")
-}
-
-pub fn violations_batch(violations: &[Violation]) -> RecordBatch {
-    let mut kind = StringBuilder::new();
-    let mut lease = StringBuilder::new();
-    let mut token = UInt64Builder::new();
-    let mut holder = StringBuilder::new();
-    let mut at = TimestampMicrosecondBuilder::new();
-    let mut other_token = UInt64Builder::new();
-    let mut other_holder = StringBuilder::new();
-    let mut detail = StringBuilder::new();
-    let mut evidence = ListBuilder::new(StringBuilder::new());
-    for v in violations {
-        kind.append_value(v.kind.as_str());
-        lease.append_value(&v.lease_id);
-        token.append_value(v.fencing_token);
-        holder.append_option(v.holder_id.as_deref());
-        at.append_value(v.at);
-        other_token.append_option(v.other_fencing_token);
-        other_holder.append_option(v.other_holder_id.as_deref());
-        detail.append_value(&v.detail);
-        for e in &v.evidence {
-            evidence.values().append_value(e);
-        }
-        evidence.append(true);
-    }
-    let evidence = evidence.finish();
-    // ListBuilder names its items "item" and makes them nullable, as the
-    // schema says.
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(kind.finish()),
-        Arc::new(lease.finish()),
-        Arc::new(token.finish()),
-        Arc::new(holder.finish()),
-        ts_col(at),
-        Arc::new(other_token.finish()),
-        Arc::new(other_holder.finish()),
-        Arc::new(detail.finish()),
-        Arc::new(evidence),
-    ];
-    RecordBatch::try_new(VIOLATIONS_SCHEMA.clone(), cols).expect("violation columns match")
-}
-
-pub fn holders_batch(holders: &[LeaseHolder]) -> RecordBatch {
-    let mut lease = StringBuilder::new();
-    let mut holder = StringBuilder::new();
-    let mut token = UInt64Builder::new();
-    let mut valid = BooleanBuilder::new();
-    let mut acquired = TimestampMicrosecondBuilder::new();
-    let mut valid_until = TimestampMicrosecondBuilder::new();
-    let mut ended = TimestampMicrosecondBuilder::new();
-    let mut end_kind = StringBuilder::new();
-    let mut backend = StringBuilder::new();
-    let mut ttl = Int64Builder::new();
-    let mut renewals = Int64Builder::new();
-    for h in holders {
-        let g = &h.grant;
-        lease.append_value(&g.lease_id);
-        holder.append_value(&g.holder_id);
-        token.append_value(g.fencing_token);
-        valid.append_value(h.valid);
-        acquired.append_value(g.acquired_at);
-        valid_until.append_option(g.valid_until);
-        ended.append_option(g.ended_at);
-        end_kind.append_value(g.end_kind.as_str());
-        backend.append_option(g.backend.as_deref());
-        ttl.append_option(g.ttl_ms);
-        renewals.append_value(count(g.renewals));
-    }
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(lease.finish()),
-        Arc::new(holder.finish()),
-        Arc::new(token.finish()),
-        Arc::new(valid.finish()),
-        ts_col(acquired),
-        ts_col(valid_until),
-        ts_col(ended),
-        Arc::new(end_kind.finish()),
-        Arc::new(backend.finish()),
-        Arc::new(ttl.finish()),
-        Arc::new(renewals.finish()),
-    ];
-    RecordBatch::try_new(HOLDERS_SCHEMA.clone(), cols).expect("holder columns match")
-}
-
-/// Counts are BIGINT in SQL: PostgreSQL clients have no unsigned type.
-fn count(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// A derived table in a session: computed on first scan from the cache.
@@ -789,6 +595,31 @@ impl TableProvider for AuditTableProvider {
         // that do not repartition.
         let batches = tables.get(self.view).to_vec();
         let mem = MemTable::try_new(self.view.schema(), vec![batches])?;
-        mem.scan(state, projection, filters, limit).await
+        let live = mem.scan(state, projection, filters, limit).await?;
+        let files = match (&tables.stored, self.view) {
+            (Some(s), AuditView::Timeline) => &s.timeline,
+            (Some(s), AuditView::Violations) => &s.violations,
+            _ => return Ok(live),
+        };
+        if files.is_empty() {
+            return Ok(live);
+        }
+        // The settled rows, read from the lake as they are stored; their
+        // `settled_before` column is not one of the view's.
+        let root = self.source.lake.store().url();
+        let urls = files
+            .iter()
+            .map(|(path, bytes)| {
+                Ok((
+                    root.join(path)
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?,
+                    *bytes,
+                ))
+            })
+            .collect::<datafusion::error::Result<Vec<_>>>()?;
+        let stored = crate::files::ManifestFiles::new(self.view.schema(), urls)?
+            .scan(state, projection, filters, limit)
+            .await?;
+        datafusion::physical_plan::union::UnionExec::try_new(vec![stored, live])
     }
 }

@@ -183,7 +183,7 @@ fn describe(e: &DataFusionError) -> String {
 
 /// Every table a query can name, for hints in error messages.
 pub fn table_names() -> Vec<&'static str> {
-    let mut names: Vec<&'static str> = Table::ALL.iter().map(|t| t.name()).collect();
+    let mut names: Vec<&'static str> = Table::QUERIED.iter().map(|t| t.name()).collect();
     names.extend(AuditView::ALL.iter().map(|v| v.name()));
     names
 }
@@ -368,7 +368,7 @@ impl QueryEngine {
         pending: Option<&PendingSnapshot>,
     ) -> Result<SessionContext> {
         let ctx = self.empty_session()?;
-        for table in Table::ALL {
+        for table in Table::QUERIED {
             ctx.register_table(table.name(), self.provider_with(manifest, table, pending)?)?;
         }
         let source = self.audit_source(manifest.clone(), pending);
@@ -390,7 +390,7 @@ impl QueryEngine {
     /// at once.
     pub fn live_session(&self) -> Result<SessionContext> {
         let ctx = self.empty_session()?;
-        for table in Table::ALL {
+        for table in Table::QUERIED {
             ctx.register_table(
                 table.name(),
                 Arc::new(LiveTable {

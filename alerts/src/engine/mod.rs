@@ -40,7 +40,7 @@ mod rules;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use leaseline_audit::{AuditConfig, SharedAuditor, Violation};
+use leaseline_audit::{AuditConfig, Settled, SharedAuditor, StoredFiles, Violation};
 use leaseline_schema::{Kind, LeaseEvent};
 
 use crate::alert::Alert;
@@ -182,6 +182,59 @@ impl AlertEngine {
     pub fn settle_keeping(&mut self, cutoff: i64) -> usize {
         self.take_violations();
         self.auditor.lock().settle_keeping(cutoff)
+    }
+
+    /// The rows settled and kept, not stored yet.
+    pub fn kept(&mut self) -> Vec<Settled> {
+        self.auditor.lock().kept()
+    }
+
+    /// The kept rows, and the voiding of the rows of leases audited again,
+    /// are committed to the stored tables, which are now `stored`.
+    pub fn release_kept(&mut self, stored: Arc<StoredFiles>) {
+        let released = self.auditor.lock().release_kept(stored);
+        for v in released {
+            self.settled_violations
+                .entry(v.lease_id.clone())
+                .or_default()
+                .push(v);
+        }
+    }
+
+    /// The stored files as they are now (see
+    /// [`leaseline_audit::Auditor::set_stored`]).
+    pub fn publish_stored(&mut self, stored: Arc<StoredFiles>) {
+        self.auditor.lock().set_stored(stored);
+    }
+
+    /// Leases whose stored rows are void (see
+    /// [`leaseline_audit::Auditor::voided`]).
+    pub fn voided(&self) -> Vec<Name> {
+        self.auditor.lock().voided()
+    }
+
+    /// Settles each of `leases` at its cut, where its rows are stored
+    /// already (part way through a replay of the lake's history), having
+    /// taken the audit's violations in first. A lease whose cut cannot be
+    /// made is voided. Returns the leases settled.
+    pub fn resume<'a>(&mut self, leases: impl IntoIterator<Item = (&'a str, i64)>) -> usize {
+        self.take_violations();
+        let mut auditor = self.auditor.lock();
+        let mut resumed = 0;
+        let mut dropped = Vec::new();
+        for (lease, cut) in leases {
+            if let Some(v) = auditor.resume(lease, cut) {
+                resumed += 1;
+                if !v.is_empty() {
+                    dropped.push((Name::from(lease), v));
+                }
+            }
+        }
+        drop(auditor);
+        for (lease, v) in dropped {
+            self.settled_violations.entry(lease).or_default().extend(v);
+        }
+        resumed
     }
 
     /// The leases given an event that changes what their audit settled
