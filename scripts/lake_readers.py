@@ -9,6 +9,10 @@ layout. The checksum is a SHA-256 over the sorted rows of a few columns,
 each written as text the same way by every reader, so equal checksums mean
 the same rows.
 
+For the stored audit tables (lease_timeline, lease_violations), which hold
+only the settled rows of what `leaseline sql` answers, it also says
+whether the stored rows are among leaseline's, none twice ("within").
+
 Usage: lake_readers.py [--leaseline BIN] LAKE TABLE
 LAKE may be a directory or an s3:// URL (credentials and endpoint from the
 AWS_* environment, as leaseline takes them).
@@ -32,8 +36,14 @@ COLUMNS = {
     "lease_events": ["event_id", "lease_id", "kind", "holder_id", "ts", "fencing_token", "max_token"],
     "lease_rejects": ["reason", "kafka_topic", "kafka_partition", "kafka_offset", "file_path", "file_line", "ingested_at"],
     "lease_alerts": ["alertname", "lease_id", "state", "starts_at", "recorded_at", "notified"],
+    "lease_timeline": ["lease_id", "fencing_token", "holder_id", "acquired_at", "ended_at", "end_kind", "renewals"],
+    "lease_violations": ["kind", "lease_id", "fencing_token", "at", "other_fencing_token"],
 }
-TIMES = {"ts", "ingested_at", "starts_at", "recorded_at"}
+TIMES = {"ts", "ingested_at", "starts_at", "recorded_at", "acquired_at", "ended_at", "at"}
+# The stored audit tables hold the settled rows only; leaseline's SQL
+# table of that name holds every row, so the stored rows must be a part of
+# it, each once.
+STORED = {"lease_timeline", "lease_violations"}
 NULL = "\\N"
 
 
@@ -111,7 +121,8 @@ def with_duckdb(lake, table, cols):
         )
     exprs = []
     for c in cols:
-        e = f"epoch_us({c})" if c in TIMES else c
+        # Quoted: `at` is a keyword of DuckDB's.
+        e = f'epoch_us("{c}")' if c in TIMES else f'"{c}"'
         exprs.append(f"coalesce(CAST({e} AS VARCHAR), '{NULL}')")
     q = f"SELECT {', '.join(exprs)} FROM delta_scan(?)"
     rows = con.execute(q, [table_uri(lake, table)]).fetchall()
@@ -146,7 +157,16 @@ def main():
         "duckdb": checksum(with_duckdb(a.lake, a.table, cols)),
     }
     if a.leaseline:
-        result["leaseline"] = checksum(with_leaseline(a.leaseline, a.lake, a.table, cols))
+        theirs = with_leaseline(a.leaseline, a.lake, a.table, cols)
+        result["leaseline"] = checksum(theirs)
+        if a.table in STORED:
+            from collections import Counter
+            stored = Counter(with_deltalake(a.lake, a.table, cols))
+            answered = Counter(theirs)
+            result["within"] = all(n <= answered[r] for r, n in stored.items()) and all(
+                n == 1 for n in stored.values()
+            )
+            result["stored_leases"] = sorted({r[cols.index("lease_id")] for r in stored})
     print(json.dumps(result))
 
 

@@ -1375,9 +1375,10 @@ key_file = "{key}"
 /// an overlap was none (the alert that overlap raised resolves). Each
 /// lease is audited again from the lake once, and the audit tables the
 /// process answers from its engine are those of an audit of the whole
-/// lake.
+/// lake. The settled rows are stored in the lake, once each, across a
+/// SIGKILL and restart.
 #[tokio::test(flavor = "multi_thread")]
-async fn events_later_than_the_audit_window_are_audited_again_and_alerted() {
+async fn events_later_than_the_audit_window_are_audited_again_alerted_and_stored() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
@@ -1482,4 +1483,59 @@ async fn events_later_than_the_audit_window_are_audited_again_and_alerted() {
     );
     let (engine, _) = served_audit_is_the_lakes(&server, &lake);
     assert!(engine >= 3, "the engine answered the audit's tables");
+
+    // The settled rows are in the lake's stored tables, which other
+    // engines read. The late events voided the stored rows of made-1 and
+    // unmade-1 (the files holding them were rewritten without them), and
+    // once the watermark moved on they were settled and stored again:
+    // every grant but each lease's newest (which stays in memory), and
+    // made-1's overlap.
+    let restored = |log: &str| {
+        log.split_once("voided=2").is_some_and(|(_, after)| {
+            after
+                .lines()
+                .any(|l| l.contains("stored the audit's settled rows") && !l.contains("grants=0"))
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || restored(&server.proc.logs())),
+        "{}",
+        server.proc.logs()
+    );
+    let all = ["filler", "made-1", "unmade-1"];
+    assert_eq!(stored_rows_are_answered_once(&lake, "lease_timeline"), all);
+    assert_eq!(
+        stored_rows_are_answered_once(&lake, "lease_violations"),
+        ["made-1"]
+    );
+    served_audit_is_the_lakes(&server, &lake);
+
+    // A restart replays the history up to where the stored rows answer
+    // for, takes each lease's stored rows as settled, and settles on: no
+    // row is stored twice, and what the process answers is still the
+    // lake's audit.
+    let mut server = server;
+    server.proc.kill9();
+    let server = serve_in_group(dir.path(), &broker, &cfg, "restarted");
+    let resumed_then_settled = |log: &str| {
+        log.split_once("as settled topic=leases partition=0 leases=3")
+            .is_some_and(|(_, after)| after.contains("settled the audit"))
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || resumed_then_settled(
+            &server.proc.logs()
+        )),
+        "{}",
+        server.proc.logs()
+    );
+    assert_eq!(stored_rows_are_answered_once(&lake, "lease_timeline"), all);
+    assert_eq!(
+        stored_rows_are_answered_once(&lake, "lease_violations"),
+        ["made-1"]
+    );
+    let (engine, _) = served_audit_is_the_lakes(&server, &lake);
+    assert!(
+        engine >= 3,
+        "the restarted engine answered the audit's tables"
+    );
 }

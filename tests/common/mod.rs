@@ -438,6 +438,44 @@ pub fn readers_agree(lake: &str, table: &str, env: &[(&str, &str)]) -> u64 {
     theirs["rows"].as_u64().unwrap()
 }
 
+/// Reads a stored audit table (`lease_timeline`, `lease_violations`) of
+/// the lake directory `lake` with the Python `deltalake` package, polars
+/// and DuckDB's delta extension, asserts that the three see the same rows
+/// and that each of them is a row `leaseline sql` answers for that table,
+/// none stored twice; returns the leases that have stored rows.
+pub fn stored_rows_are_answered_once(lake: &Path, table: &str) -> Vec<String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/lake_readers.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["--leaseline", env!("CARGO_BIN_EXE_leaseline")])
+        .arg(lake)
+        .arg(table)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "another engine could not read {table}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for reader in ["polars", "duckdb"] {
+        assert_eq!(
+            v[reader], v["deltalake"],
+            "{reader} and deltalake disagree on {table}: {v}"
+        );
+    }
+    assert_eq!(
+        v["within"], true,
+        "{table} stores a row leaseline does not answer, or one twice: {v}"
+    );
+    v["stored_leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect()
+}
+
 /// `SELECT count(*)` of a table, as a number.
 pub fn count(lake: &Path, table: &str) -> usize {
     let out = sql(lake, &format!("SELECT count(*) AS n FROM {table}"), "csv");
