@@ -408,12 +408,11 @@ pub fn sql(lake: &Path, query: &str, format: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// Reads `table` of the lake (a directory or an `s3://` URL, with `env`
-/// for the engines' credentials) with the Python `deltalake` package,
-/// polars, DuckDB's delta extension and `leaseline sql`
-/// (`scripts/lake_readers.py`), asserts that all four see the same rows,
-/// and returns how many.
-pub fn readers_agree(lake: &str, table: &str, env: &[(&str, &str)]) -> u64 {
+/// Runs `scripts/lake_readers.py` on `table` of the lake (a directory or
+/// an `s3://` URL, with `env` for the engines' credentials): what the
+/// Python `deltalake` package, polars, DuckDB's delta extension and
+/// `leaseline sql` each read.
+fn lake_readers(lake: &str, table: &str, env: &[(&str, &str)]) -> serde_json::Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/lake_readers.py");
     let out = Command::new("python3")
         .arg(script)
@@ -427,7 +426,13 @@ pub fn readers_agree(lake: &str, table: &str, env: &[(&str, &str)]) -> u64 {
         "another engine could not read {table} (scripts/test.sh installs deltalake, polars, duckdb-ext-delta):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Reads `table` of the lake with every reader of [`lake_readers`],
+/// asserts that all four see the same rows, and returns how many.
+pub fn readers_agree(lake: &str, table: &str, env: &[(&str, &str)]) -> u64 {
+    let v = lake_readers(lake, table, env);
     let theirs = &v["leaseline"];
     for reader in ["deltalake", "polars", "duckdb"] {
         assert_eq!(
@@ -444,20 +449,7 @@ pub fn readers_agree(lake: &str, table: &str, env: &[(&str, &str)]) -> u64 {
 /// and that each of them is a row `leaseline sql` answers for that table,
 /// none stored twice; returns the leases that have stored rows.
 pub fn stored_rows_are_answered_once(lake: &Path, table: &str) -> Vec<String> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/lake_readers.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .args(["--leaseline", env!("CARGO_BIN_EXE_leaseline")])
-        .arg(lake)
-        .arg(table)
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "another engine could not read {table}:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = lake_readers(lake.to_str().unwrap(), table, &[]);
     for reader in ["polars", "duckdb"] {
         assert_eq!(
             v[reader], v["deltalake"],
