@@ -78,13 +78,36 @@ pub struct Settling {
     /// Stale leases not audited again yet (the lake could not be read),
     /// and when to try again.
     pending: Vec<Arc<str>>,
-    retry: Option<(Instant, Duration)>,
+    retry: Backoff,
     /// The live engine's settled rows in the lake.
     stored: StoredAudit,
     /// Rows kept or leases voided since the last commit of them.
     unstored: bool,
     /// When to try that commit again after a failure.
-    store_retry: Option<(Instant, Duration)>,
+    store_retry: Backoff,
+}
+
+/// When to try a lake read or write again after failures: a wait that
+/// starts at [`RETRY_FIRST`] and doubles up to [`RETRY_MAX`].
+#[derive(Debug, Clone, Default)]
+struct Backoff(Option<(Instant, Duration)>);
+
+impl Backoff {
+    /// Whether the wait after the last failure is still running.
+    fn waiting(&self) -> bool {
+        self.0.is_some_and(|(at, _)| Instant::now() < at)
+    }
+
+    /// A failure: returns the wait before the next try.
+    fn failed(&mut self) -> Duration {
+        let wait = self.0.map_or(RETRY_FIRST, |(_, w)| (w * 2).min(RETRY_MAX));
+        self.0 = Some((Instant::now() + wait, wait));
+        wait
+    }
+
+    fn succeeded(&mut self) {
+        self.0 = None;
+    }
 }
 
 /// The first wait before reading the lake again for stale leases, doubled
@@ -101,10 +124,10 @@ impl Settling {
             next: i64::MIN,
             reloads: 0,
             pending: Vec::new(),
-            retry: None,
+            retry: Backoff::default(),
             stored: StoredAudit::new(),
             unstored: false,
-            store_retry: None,
+            store_retry: Backoff::default(),
         })
     }
 
@@ -201,12 +224,11 @@ impl Settling {
         given: &Positions,
         assigned: &HashSet<PartitionKey>,
     ) {
-        if self.store_retry.is_some_and(|(at, _)| Instant::now() < at) {
+        if self.store_retry.waiting() {
             return;
         }
-        if !self.unstored && !engine.voided().is_empty() {
-            self.unstored = true;
-        }
+        // Rows are kept by a settle, and leases voided by a re-audit or a
+        // resume, each of which marks the rows unstored.
         let result = if self.unstored {
             self.stored.flush(engine, lake, given, assigned).await
         } else {
@@ -215,14 +237,11 @@ impl Settling {
         match result {
             Ok(()) => {
                 self.unstored = false;
-                self.store_retry = None;
+                self.store_retry.succeeded();
             }
             Err(e) => {
-                let wait = self
-                    .store_retry
-                    .map_or(RETRY_FIRST, |(_, w)| (w * 2).min(RETRY_MAX));
+                let wait = self.store_retry.failed();
                 error!(error = %e, retry_in = ?wait, "could not store the audit's settled rows in the lake; they stay in memory meanwhile");
-                self.store_retry = Some((Instant::now() + wait, wait));
             }
         }
     }
@@ -243,7 +262,7 @@ impl Settling {
         if self.pending.is_empty() {
             return true;
         }
-        if self.retry.is_some_and(|(at, _)| Instant::now() < at) {
+        if self.retry.waiting() {
             return false;
         }
         let stale = std::mem::take(&mut self.pending);
@@ -256,17 +275,14 @@ impl Settling {
         };
         match read.await {
             Ok(()) => {
-                self.retry = None;
+                self.retry.succeeded();
                 self.unstored = true;
                 true
             }
             Err(e) => {
-                let wait = self
-                    .retry
-                    .map_or(RETRY_FIRST, |(_, w)| (w * 2).min(RETRY_MAX));
+                let wait = self.retry.failed();
                 error!(error = %e, leases = stale.len(), retry_in = ?wait, "could not read the history of leases given an event older than what their audit let go of; SQL audits the lake until they are audited again");
                 self.pending = stale;
-                self.retry = Some((Instant::now() + wait, wait));
                 false
             }
         }

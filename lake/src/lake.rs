@@ -547,7 +547,7 @@ impl Lake {
             // The lease ids first: most files hold none of the leases.
             let bytes = self.store.get(&f.path).await?;
             let mut holds = false;
-            for batch in parquet_io::column_reader(bytes, &["lease_id"])? {
+            for batch in parquet_io::column_reader(bytes.clone(), &["lease_id"])? {
                 let batch = batch?;
                 if let Some(ids) = batch.column_by_name("lease_id") {
                     holds |= ids
@@ -560,8 +560,10 @@ impl Lake {
                 continue;
             }
             let mut kept = Vec::new();
-            let mut dropped = 0;
-            for batch in parquet_io::read_file(&self.store, &f.path).await? {
+            let schema = parquet_io::schema_of(f.table);
+            let all: Vec<&str> = schema.fields().iter().map(|c| c.name().as_str()).collect();
+            for batch in parquet_io::column_reader(bytes, &all)? {
+                let batch = batch?;
                 let ids = batch
                     .column_by_name("lease_id")
                     .ok_or_else(|| LakeError::Delta(format!("{} lacks lease_id", f.path)))?
@@ -570,12 +572,7 @@ impl Lake {
                     .iter()
                     .map(|id| !id.is_some_and(|id| leases.contains(id)))
                     .collect();
-                let n = keep.iter().filter(|k| **k).count();
-                dropped += batch.num_rows() - n;
                 kept.push(parquet_io::filter_rows(&batch, &keep)?);
-            }
-            if dropped == 0 {
-                continue;
             }
             remove.push(f.path.clone());
             let rest = parquet_io::concat(f.table, &kept)?;
