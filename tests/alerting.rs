@@ -982,12 +982,34 @@ async fn two_ingesters_in_a_group_alert_each_lease_once_across_a_takeover() {
     let (first, second) = msgs.split_at(msgs.len() / 2);
     let mut a = serve_with_ingest(dir.path(), &broker, &cfg_a);
     let mut b = serve_with_ingest(dir.path(), &broker, &cfg_b);
-    let split = |s: &Server| s.proc.logs().matches("assigned partitions=").count();
+    // Split: each one's latest assignment is its own half of the six
+    // partitions. Both may join one generation, or the first may hold all
+    // six until the second joins.
+    let latest = |s: &Server| -> Option<std::collections::BTreeSet<u32>> {
+        let logs = s.proc.logs();
+        let line = logs
+            .lines()
+            .rev()
+            .find(|l| l.contains("assigned partitions="))?;
+        let list = line.split("assigned partitions=").nth(1)?;
+        Some(
+            list.split("(\"leases\", ")
+                .skip(1)
+                .filter_map(|p| p.split(')').next()?.trim().parse().ok())
+                .collect(),
+        )
+    };
     assert!(
-        // Whichever joined first was assigned again when the other joined.
         wait_until(Duration::from_secs(60), || {
-            let (na, nb) = (split(&a), split(&b));
-            na >= 1 && nb >= 1 && na + nb >= 3
+            match (latest(&a), latest(&b)) {
+                (Some(pa), Some(pb)) => {
+                    !pa.is_empty()
+                        && !pb.is_empty()
+                        && pa.is_disjoint(&pb)
+                        && pa.union(&pb).copied().eq(0..6)
+                }
+                _ => false,
+            }
         }),
         "the group never split:\n{}\n{}",
         a.proc.logs(),
