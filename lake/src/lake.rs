@@ -74,6 +74,10 @@ impl std::fmt::Debug for Lake {
 /// The directory of the lake format before Delta tables.
 const LEGACY_MANIFEST_DIR: &str = "_manifest";
 
+/// Commits [`Lake::rows_only_added`] reads at most; past that, reading
+/// them costs more than the answer saves.
+const MAX_COMMITS_READ: u64 = 1000;
+
 impl Lake {
     fn with_store(store: LakeStore, writable: bool) -> Self {
         Lake {
@@ -444,6 +448,34 @@ impl Lake {
             }
         }
         Ok(())
+    }
+
+    /// Whether every commit of `table` after version `from`, up to `to`,
+    /// kept every row it found: appends, and compactions (their removes
+    /// carry `dataChange: false`). An expiry's remove, a commit no longer
+    /// in the log (cleaned up after a checkpoint) or more commits than
+    /// are worth reading answer `false`: the caller then treats the rows
+    /// as possibly removed, which is always right.
+    pub async fn rows_only_added(&self, table: Table, from: u64, to: u64) -> Result<bool> {
+        if to.saturating_sub(from) > MAX_COMMITS_READ {
+            return Ok(false);
+        }
+        for v in from + 1..=to {
+            let path = format!("{}/_delta_log/{v:020}.json", table.name());
+            let Ok(bytes) = self.store.get(&path).await else {
+                return Ok(false);
+            };
+            for line in bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+                let action: serde_json::Value = serde_json::from_slice(line)
+                    .map_err(|e| LakeError::Delta(format!("{path}: {e}")))?;
+                if let Some(remove) = action.get("remove") {
+                    if remove.get("dataChange") != Some(&serde_json::Value::Bool(false)) {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Reads every row of a table at a manifest version.

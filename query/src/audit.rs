@@ -5,9 +5,12 @@
 //! from the `lease_events` rows of one manifest snapshot. An [`AuditCache`]
 //! keeps the engine between queries and feeds it only the files a newer
 //! snapshot appended, so the common case (a few new files since the last
-//! query) costs little and a repeated query costs nothing; a snapshot that
-//! replaced files (compaction) is audited from scratch. The tables are only
-//! computed when a query scans one of them.
+//! query) costs little and a repeated query costs nothing. A compaction
+//! (the same rows in new files) changes nothing the engine holds, so the
+//! files it wrote stand for those it replaced; a snapshot that removed
+//! rows (an expiry), or whose compacted files hold rows the engine never
+//! had, is audited from scratch. The tables are only computed when a
+//! query scans one of them.
 //!
 //! A process that also feeds an alert engine (`serve --ingest`) gives its
 //! auditor to the query engine as a [`LiveAudit`]: when that auditor holds
@@ -16,7 +19,7 @@
 //! history. Rows an ingester has buffered but not committed are then not in
 //! the derived tables until their commit, a fraction of a second later.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -29,7 +32,7 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 use leaseline_audit::table::{holders_batch, timeline_batch, violations_batch};
 use leaseline_audit::{AuditConfig, Auditor, SharedAuditor, StoredFiles};
-use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
+use leaseline_lake::{parquet_io, DataFile, Lake, LakeError, Manifest, Table};
 use leaseline_schema::{EventColumns, LeaseEvent};
 use tokio::sync::Mutex;
 
@@ -93,9 +96,12 @@ impl AuditTables {
 
 struct CacheState {
     auditor: Auditor,
-    /// The `lease_events` files already pushed into `auditor`.
-    files: HashSet<String>,
+    /// The `lease_events` files already pushed into `auditor`, with their
+    /// rows.
+    files: HashMap<String, u64>,
     version: Option<u64>,
+    /// `lease_events`' Delta version at `version`.
+    events_version: Option<u64>,
     tables: Option<Arc<AuditTables>>,
 }
 
@@ -103,10 +109,50 @@ impl CacheState {
     fn empty(config: AuditConfig) -> CacheState {
         CacheState {
             auditor: Auditor::new(config),
-            files: HashSet::new(),
+            files: HashMap::new(),
             version: None,
+            events_version: None,
             tables: None,
         }
+    }
+
+    /// The files to push to bring the auditor to snapshot `m` when, since
+    /// its own, `lease_events` was only appended to and compacted, and no
+    /// compacted file holds rows it has not pushed: then the compacted
+    /// files hold exactly the rows of the files they replaced, and the
+    /// new uncompacted files are the appends. `None` otherwise (an
+    /// expiry, or an append compacted before the cache saw it), and the
+    /// caller audits `m` from scratch.
+    async fn after_compaction<'m>(
+        &self,
+        lake: &Lake,
+        m: &'m Manifest,
+    ) -> Result<Option<Vec<&'m DataFile>>> {
+        let (Some(from), Some(&to)) = (self.events_version, m.tables.get(&Table::LeaseEvents))
+        else {
+            return Ok(None);
+        };
+        let present: HashSet<&str> = m
+            .files_of(Table::LeaseEvents)
+            .map(|f| f.path.as_str())
+            .collect();
+        let removed: u64 = self
+            .files
+            .iter()
+            .filter(|(path, _)| !present.contains(path.as_str()))
+            .map(|(_, rows)| rows)
+            .sum();
+        let new: Vec<&DataFile> = m
+            .files_of(Table::LeaseEvents)
+            .filter(|f| !self.files.contains_key(&f.path))
+            .collect();
+        // Rows are conserved by compaction: the compacted files' rows
+        // beyond those removed would be appends the cache never pushed.
+        let compacted: u64 = new.iter().filter(|f| f.level > 0).map(|f| f.rows).sum();
+        if compacted != removed || !lake.rows_only_added(Table::LeaseEvents, from, to).await? {
+            return Ok(None);
+        }
+        Ok(Some(new.into_iter().filter(|f| f.level == 0).collect()))
     }
 }
 
@@ -114,6 +160,7 @@ impl CacheState {
 pub struct AuditCache {
     config: AuditConfig,
     state: Mutex<CacheState>,
+    rebuilds: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for AuditCache {
@@ -129,6 +176,7 @@ impl AuditCache {
         AuditCache {
             config,
             state: Mutex::new(CacheState::empty(config)),
+            rebuilds: Default::default(),
         }
     }
 
@@ -182,6 +230,12 @@ impl AuditCache {
         .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))?
     }
 
+    /// Snapshots audited from scratch rather than from the cached engine
+    /// (the first one included).
+    pub fn rebuilds(&self) -> u64 {
+        self.rebuilds.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     async fn update(&self, lake: &Lake, m: &Manifest) -> Result<Arc<AuditTables>> {
         let mut st = self.state.lock().await;
         if let Some(t) = st.tables.as_ref().filter(|t| t.version == m.version) {
@@ -192,36 +246,55 @@ impl AuditCache {
             .map(|f| f.path.as_str())
             .collect();
         let appended_only =
-            files.len() >= st.files.len() && st.files.iter().all(|f| files.contains(&f.as_str()));
+            files.len() >= st.files.len() && st.files.keys().all(|f| files.contains(&f.as_str()));
         let newer = st.version.is_none_or(|v| m.version > v);
-        if appended_only && newer {
-            let fresh: Vec<&str> = files
-                .iter()
-                .copied()
-                .filter(|f| !st.files.contains(*f))
-                .collect();
-            if let Err(e) = push_files(&mut st.auditor, lake, m, &fresh).await {
+        let fresh = if !newer || st.version.is_none() {
+            None
+        } else if appended_only {
+            Some(
+                m.files_of(Table::LeaseEvents)
+                    .filter(|f| !st.files.contains_key(&f.path))
+                    .collect::<Vec<_>>(),
+            )
+        } else {
+            st.after_compaction(lake, m).await?
+        };
+        if let Some(fresh) = fresh {
+            let paths: Vec<&str> = fresh.iter().map(|f| f.path.as_str()).collect();
+            if let Err(e) = push_files(&mut st.auditor, lake, m, &paths).await {
                 // Part of a file may be in; pushing it again would count
                 // its id-less events twice.
                 *st = CacheState::empty(self.config);
                 return Err(e);
             }
-            st.files.extend(fresh.iter().map(|f| f.to_string()));
+            // Compacted files stand for the files they replaced.
+            st.files = m
+                .files_of(Table::LeaseEvents)
+                .map(|f| (f.path.clone(), f.rows))
+                .collect();
             st.version = Some(m.version);
+            st.events_version = m.tables.get(&Table::LeaseEvents).copied();
             let tables = Arc::new(derive(&mut st.auditor, m.version));
             st.tables = Some(tables.clone());
             return Ok(tables);
         }
         if newer {
-            // Files were replaced (compaction): events without an
+            // Rows may have gone (an expiry), or a compacted file holds
+            // rows the engine has and rows it has not: events without an
             // `event_id` would count twice if pushed again, so start over.
+            self.rebuilds
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let mut auditor = Auditor::new(self.config);
             push_files(&mut auditor, lake, m, &files).await?;
             let tables = Arc::new(derive(&mut auditor, m.version));
             *st = CacheState {
                 auditor,
-                files: files.iter().map(|f| f.to_string()).collect(),
+                files: m
+                    .files_of(Table::LeaseEvents)
+                    .map(|f| (f.path.clone(), f.rows))
+                    .collect(),
                 version: Some(m.version),
+                events_version: m.tables.get(&Table::LeaseEvents).copied(),
                 tables: Some(tables.clone()),
             };
             return Ok(tables);

@@ -40,6 +40,8 @@ const ACQ7: &str = r#"{"ts":"2026-09-14T10:00:00Z","kind":"acquired","source":"c
 // them twice.
 const RENEW: &str = r#"{"ts":"2026-09-14T10:00:03Z","kind":"renewed","source":"holder","lease_id":"L","holder_id":"a","fencing_token":7,"ttl_ms":10000}"#;
 const RENEW2: &str = r#"{"ts":"2026-09-14T10:00:06Z","kind":"renewed","source":"holder","lease_id":"L","holder_id":"a","fencing_token":7,"ttl_ms":10000}"#;
+const ACQ9: &str = r#"{"ts":"2026-09-14T10:00:30Z","kind":"acquired","source":"coordinator","lease_id":"L","holder_id":"c","fencing_token":9,"ttl_ms":10000,"event_id":"c9"}"#;
+const NEXT_DAY: &str = r#"{"ts":"2026-09-15T10:00:00Z","kind":"acquired","source":"coordinator","lease_id":"M","holder_id":"d","fencing_token":1,"ttl_ms":10000,"event_id":"d1"}"#;
 const ACQ8: &str = r#"{"ts":"2026-09-14T10:00:08Z","kind":"acquired","source":"coordinator","lease_id":"L","holder_id":"b","fencing_token":8,"ttl_ms":10000,"event_id":"b8"}"#;
 
 async fn csv(engine: &QueryEngine, q: &str) -> String {
@@ -93,7 +95,8 @@ async fn audit_tables_follow_appends_and_survive_compaction() {
     );
 
     // Compaction replaces both files with one: the same answer, and the
-    // id-less renewals still count once each.
+    // id-less renewals still count once each, from the cached engine.
+    let rebuilds = engine.audit_cache().rebuilds();
     let report = lake
         .compact(&CompactionPolicy {
             target_file_bytes: 1 << 30,
@@ -106,6 +109,14 @@ async fn audit_tables_follow_appends_and_survive_compaction() {
         csv(&engine, q).await,
         "fencing_token,holder_id,renewals\n7,a,2\n8,b,0\n"
     );
+    assert_eq!(engine.audit_cache().rebuilds(), rebuilds);
+    // An append after the compaction is pushed alone.
+    append(&lake, &[ACQ9]).await;
+    assert_eq!(
+        csv(&engine, q).await,
+        "fencing_token,holder_id,renewals\n7,a,2\n8,b,0\n9,c,0\n"
+    );
+    assert_eq!(engine.audit_cache().rebuilds(), rebuilds);
 
     // An older snapshot is answered as it was, and leaves the cache alone.
     let mut old = lake.latest().await.unwrap();
@@ -127,8 +138,59 @@ async fn audit_tables_follow_appends_and_survive_compaction() {
     );
     assert_eq!(
         csv(&engine, q).await,
-        "fencing_token,holder_id,renewals\n7,a,2\n8,b,0\n"
+        "fencing_token,holder_id,renewals\n7,a,2\n8,b,0\n9,c,0\n"
     );
+    assert_eq!(engine.audit_cache().rebuilds(), rebuilds);
+}
+
+/// What the cached engine cannot follow is audited again from the lake:
+/// an append that a compaction merged with files the engine had before
+/// the engine saw it (its id-less renewal would count twice, or not at
+/// all), and an expiry (its rows are gone).
+#[tokio::test]
+async fn an_unseen_append_compacted_or_an_expiry_is_audited_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let engine = QueryEngine::new(lake.clone());
+    append(&lake, &[ACQ7, RENEW]).await;
+    let q = "SELECT lease_id, fencing_token, holder_id, renewals FROM lease_timeline ORDER BY 1, 2";
+    assert_eq!(
+        csv(&engine, q).await,
+        "lease_id,fencing_token,holder_id,renewals\nL,7,a,1\n"
+    );
+    let rebuilds = engine.audit_cache().rebuilds();
+
+    append(&lake, &[RENEW2]).await;
+    let report = lake
+        .compact(&CompactionPolicy {
+            target_file_bytes: 1 << 30,
+            max_inputs: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(report.merged_files, 2, "{report:?}");
+    assert_eq!(
+        csv(&engine, q).await,
+        "lease_id,fencing_token,holder_id,renewals\nL,7,a,2\n"
+    );
+    assert_eq!(engine.audit_cache().rebuilds(), rebuilds + 1);
+
+    append(&lake, &[NEXT_DAY]).await;
+    assert_eq!(
+        csv(&engine, q).await,
+        "lease_id,fencing_token,holder_id,renewals\nL,7,a,2\nM,1,d,0\n"
+    );
+    assert_eq!(engine.audit_cache().rebuilds(), rebuilds + 1);
+    let (files, rows) = lake
+        .expire(chrono::NaiveDate::from_ymd_opt(2026, 9, 15).unwrap())
+        .await
+        .unwrap();
+    assert_eq!((files, rows), (1, 3));
+    assert_eq!(
+        csv(&engine, q).await,
+        "lease_id,fencing_token,holder_id,renewals\nM,1,d,0\n"
+    );
+    assert_eq!(engine.audit_cache().rebuilds(), rebuilds + 2);
 }
 
 /// Big derived tables come as many modest batches, in the engine's order,
