@@ -312,17 +312,11 @@ impl Settling {
                 .iter()
                 .map(&keep)
                 .collect::<Result<Vec<RecordBatch>>>()?;
-            let cols: Vec<EventColumns> = batches
-                .iter()
-                .map(EventColumns::new)
-                .collect::<std::result::Result<_, _>>()?;
-            let mut by_lease = EventColumns::events_by_lease(&cols, &wanted)?;
-            for lease in group {
-                let events = by_lease.remove(&**lease).unwrap_or_default();
+            EventColumns::for_each_history(&batches, group, |lease, events| {
                 info!(lease_id = %lease, events = events.len(), "an event older than what the audit let go of: the lease is audited again from the lake");
-                engine.reload(lease, &events);
+                engine.reload(lease, events);
                 self.reloads += 1;
-            }
+            })?;
         }
         Ok(())
     }

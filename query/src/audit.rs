@@ -455,15 +455,9 @@ async fn reload_stale(
     let wanted: std::collections::HashSet<&str> = stale.iter().map(|l| &**l).collect();
     let mut batches = lake.read_leases(m, &wanted, &EventColumns::COLUMNS).await?;
     batches.extend(extra.iter().cloned());
-    let cols: Vec<EventColumns> = batches
-        .iter()
-        .map(EventColumns::new)
-        .collect::<std::result::Result<_, _>>()?;
-    let mut by_lease = EventColumns::events_by_lease(&cols, &wanted)?;
-    for lease in &stale {
-        let events = by_lease.remove(&**lease).unwrap_or_default();
-        auditor.reload(lease, &events, &[]);
-    }
+    EventColumns::for_each_history(&batches, &stale, |lease, events| {
+        auditor.reload(lease, events, &[])
+    })?;
     Ok(())
 }
 

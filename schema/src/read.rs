@@ -155,24 +155,32 @@ impl EventColumns {
         self.rows == 0
     }
 
-    /// The events of `columns` whose lease is in `wanted`, grouped by
-    /// lease, each group in row order: a lake's history of a few leases,
-    /// read back to audit them again.
-    pub fn events_by_lease<'c, 'w>(
-        columns: &'c [EventColumns],
-        wanted: &std::collections::HashSet<&'w str>,
-    ) -> Result<std::collections::HashMap<&'w str, Vec<LeaseEvent<'c>>>, ReadError> {
-        let mut by_lease: std::collections::HashMap<&'w str, Vec<LeaseEvent<'c>>> =
-            std::collections::HashMap::new();
-        for c in columns {
+    /// Hands `f` the history of each of `leases` in `batches`, in row
+    /// order (empty for a lease with no row): a lake's history of a few
+    /// leases, read back to audit them again.
+    pub fn for_each_history<L: AsRef<str>>(
+        batches: &[RecordBatch],
+        leases: &[L],
+        mut f: impl FnMut(&str, &[LeaseEvent<'_>]),
+    ) -> Result<(), ReadError> {
+        let columns: Vec<EventColumns> = batches
+            .iter()
+            .map(EventColumns::new)
+            .collect::<Result<_, _>>()?;
+        let mut by_lease: std::collections::HashMap<&str, Vec<LeaseEvent<'_>>> =
+            leases.iter().map(|l| (l.as_ref(), Vec::new())).collect();
+        for c in &columns {
             for i in 0..c.len() {
                 let ev = c.event(i)?;
-                if let Some(&lease) = wanted.get(&*ev.lease_id) {
-                    by_lease.entry(lease).or_default().push(ev);
+                if let Some(events) = by_lease.get_mut(&*ev.lease_id) {
+                    events.push(ev);
                 }
             }
         }
-        Ok(by_lease)
+        for lease in leases {
+            f(lease.as_ref(), &by_lease[lease.as_ref()]);
+        }
+        Ok(())
     }
 
     /// The event of one row, borrowing its strings from the batch.
