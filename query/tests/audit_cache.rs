@@ -44,6 +44,16 @@ const ACQ9: &str = r#"{"ts":"2026-09-14T10:00:30Z","kind":"acquired","source":"c
 const NEXT_DAY: &str = r#"{"ts":"2026-09-15T10:00:00Z","kind":"acquired","source":"coordinator","lease_id":"M","holder_id":"d","fencing_token":1,"ttl_ms":10000,"event_id":"d1"}"#;
 const ACQ8: &str = r#"{"ts":"2026-09-14T10:00:08Z","kind":"acquired","source":"coordinator","lease_id":"L","holder_id":"b","fencing_token":8,"ttl_ms":10000,"event_id":"b8"}"#;
 
+/// Merges every file of the lake that can be merged into one.
+async fn compact_all(lake: &Lake) -> leaseline_lake::CompactionReport {
+    lake.compact(&CompactionPolicy {
+        target_file_bytes: 1 << 30,
+        max_inputs: 100,
+    })
+    .await
+    .unwrap()
+}
+
 async fn csv(engine: &QueryEngine, q: &str) -> String {
     let r = engine.query(q).await.unwrap();
     let mut out = Vec::new();
@@ -97,13 +107,7 @@ async fn audit_tables_follow_appends_and_survive_compaction() {
     // Compaction replaces both files with one: the same answer, and the
     // id-less renewals still count once each, from the cached engine.
     let rebuilds = engine.audit_cache().rebuilds();
-    let report = lake
-        .compact(&CompactionPolicy {
-            target_file_bytes: 1 << 30,
-            max_inputs: 100,
-        })
-        .await
-        .unwrap();
+    let report = compact_all(&lake).await;
     assert!(report.merged_files >= 2, "{report:?}");
     assert_eq!(
         csv(&engine, q).await,
@@ -161,13 +165,7 @@ async fn an_unseen_append_compacted_or_an_expiry_is_audited_again() {
     let rebuilds = engine.audit_cache().rebuilds();
 
     append(&lake, &[RENEW2]).await;
-    let report = lake
-        .compact(&CompactionPolicy {
-            target_file_bytes: 1 << 30,
-            max_inputs: 100,
-        })
-        .await
-        .unwrap();
+    let report = compact_all(&lake).await;
     assert_eq!(report.merged_files, 2, "{report:?}");
     assert_eq!(
         csv(&engine, q).await,
