@@ -57,21 +57,43 @@ def incident_queries(doc_path, lease, now_sql):
     return out
 
 
-def manifest_rows(lake):
-    """Rows of lease_events in the lake's newest manifest: committed events."""
-    d = os.path.join(lake, "_manifest")
-    try:
-        names = [n for n in os.listdir(d) if n.endswith(".json")]
-    except FileNotFoundError:
-        return 0
-    for name in sorted(names, reverse=True):
-        try:
-            with open(os.path.join(d, name), encoding="utf-8") as f:
-                m = json.load(f)
-        except (OSError, ValueError):
-            continue  # vacuumed or being written: take the one before
-        return sum(f.get("rows", 0) for f in m.get("files", []) if f.get("table") == "lease_events")
-    return 0
+class CommittedRows:
+    """Rows of the lake's `lease_events` Delta table at its newest commit:
+    committed events. Reads each commit file of `_delta_log` once, in
+    version order, adding each `add` action's `numRecords` and taking away
+    each `remove`'s (compaction removes and adds the same rows)."""
+
+    def __init__(self, lake):
+        self.log = os.path.join(lake, "lease_events", "_delta_log")
+        self.files = {}
+        self.next_version = 0
+        self.lock = threading.Lock()
+
+    def __call__(self):
+        with self.lock:
+            return self._read()
+
+    def _read(self):
+        while True:
+            path = os.path.join(self.log, "%020d.json" % self.next_version)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    lines = f.read().splitlines()
+            except FileNotFoundError:
+                break
+            try:
+                actions = [json.loads(line) for line in lines if line.strip()]
+            except ValueError:
+                break  # not whole yet: read again at the next sample
+            for action in actions:
+                if "add" in action:
+                    add = action["add"]
+                    stats = json.loads(add.get("stats") or "{}")
+                    self.files[add["path"]] = stats.get("numRecords", 0)
+                elif "remove" in action:
+                    self.files.pop(action["remove"]["path"], None)
+            self.next_version += 1
+        return sum(self.files.values())
 
 
 def proc_status(pid):
@@ -131,6 +153,7 @@ class Phase:
         self.args = args
         self.queries = queries
         self.lake = os.path.join(args.work, "lake-" + name)
+        self.committed = CommittedRows(self.lake)
         self.http_port = free_port()
         self.pg_port = free_port()
         self.stop = threading.Event()
@@ -177,7 +200,7 @@ class Phase:
     def sampler(self):
         while not self.stop.is_set():
             t = self.elapsed()
-            rows = manifest_rows(self.lake)
+            rows = self.committed()
             st = proc_status(self.proc.pid)
             events = None
             try:
@@ -281,10 +304,16 @@ class Phase:
         for th in threads:
             th.start()
         time.sleep(max(0.0, self.args.duration - self.elapsed()))
-        rows_end = manifest_rows(self.lake)
+        rows_end = self.committed()
         t_end = self.elapsed()
         self.stop.set()
         hwm = proc_status(self.proc.pid).get("VmHWM")
+        if self.proc.poll() is not None:
+            self.log.flush()
+            with open(self.log.name, "rb") as f:
+                tail = f.read()[-4000:].decode(errors="replace")
+            print("serve (%s) exited during the phase with %s; its log ends:\n%s"
+                  % (self.name, self.proc.returncode, tail), file=sys.stderr, flush=True)
         # Queries still running finish (or time out) before the server stops,
         # so that their outcome is known; they count if they started in time.
         # One deadline for them all: a join each would wait up to 18 times
