@@ -772,9 +772,12 @@ fn served_audit_is_the_lakes(server: &Server, lake: &Path) -> (u64, u64) {
         let served = server.sql(q, &["-H", "Accept: application/x-ndjson"]);
         assert_eq!(served.status, 200, "{q}: {}", served.text());
         let served = rows(&served.text());
-        let audited = rows(&sql(lake, q, "ndjson"));
+        let audited = rows(&sql_auditing_all(lake, q, "ndjson"));
         assert!(!audited.is_empty(), "{q}: the history has rows");
         assert_eq!(served, audited, "{q}");
+        // Another process reading the lake, from its stored audit rows
+        // when there are any.
+        assert_eq!(rows(&sql(lake, q, "ndjson")), audited, "leaseline sql: {q}");
     }
     let metrics = server.get("/metrics").text();
     let count = |from: &str| -> u64 {
@@ -1531,6 +1534,10 @@ async fn events_later_than_the_audit_window_are_audited_again_alerted_and_stored
         ["made-1"]
     );
     served_audit_is_the_lakes(&server, &lake);
+    // Once every late event is accounted for by the stored rows, another
+    // process's SQL answers from them (and agrees with the whole audit,
+    // above).
+    assert!(sql_reads_stored_rows(&lake));
 
     // A restart replays the history up to where the stored rows answer
     // for, takes each lease's stored rows as settled, and settles on: no
@@ -1560,4 +1567,118 @@ async fn events_later_than_the_audit_window_are_audited_again_alerted_and_stored
         engine >= 3,
         "the restarted engine answered the audit's tables"
     );
+    assert!(sql_reads_stored_rows(&lake));
+}
+
+/// What a lease's later grants are judged against reaches back across its
+/// stored rows: the highest token before the cut (a later lower token is
+/// a regression) and the highest token a resource accepted before it (a
+/// later lower one is a stale write). Another process answers the audit's
+/// tables from the stored rows and that context, and agrees with an audit
+/// of every event; an event before a lease's cut that the stored rows do
+/// not account for (imported from a file) makes it audit every event
+/// again.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_process_answers_from_the_stored_rows_and_their_context() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic("leases", 2).await;
+    let cfg = config(dir.path(), &[]);
+    let server = serve_with_ingest(dir.path(), &broker, &cfg);
+    let producer = broker.producer();
+    let t0 = now_ms() - 3 * 3_600_000;
+    let later = t0 + 40 * 60_000;
+    let write = |ts: i64, lease: &str, token: u64| {
+        event(
+            json!({"ts": ts, "kind": "write_accepted", "source": "resource",
+            "lease_id": lease, "holder_id": "db", "fencing_token": token}),
+        )
+    };
+    let mut history = vec![
+        acquired(t0, "regress-1", "a", 10),
+        released(t0 + 1_000, "regress-1", "a", 10),
+        acquired(later, "regress-1", "b", 3),
+        released(later + 1_000, "regress-1", "b", 3),
+        acquired(t0, "write-1", "a", 7),
+        write(t0 + 500, "write-1", 7),
+        released(t0 + 1_000, "write-1", "a", 7),
+        acquired(later, "write-1", "b", 8),
+        write(later + 500, "write-1", 5),
+        released(later + 1_000, "write-1", "b", 8),
+    ];
+    // An hour of another lease moves event time past the settle cutoff.
+    for k in 1..=60u64 {
+        let at = t0 + k as i64 * 60_000;
+        history.push(acquired(at, "filler", "f", k));
+        history.push(released(at + 1_000, "filler", "f", k));
+    }
+    produce(&producer, "leases", &history).await;
+
+    let lake = dir.path().join("lake");
+    // The audit settles past the later grants' starts, then stores.
+    let past = chrono::DateTime::from_timestamp_millis(later + 60_000)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let stored_past = |log: &str| {
+        log.lines()
+            .skip_while(|l| {
+                !l.contains("settled the audit")
+                    || !l
+                        .split("before=")
+                        .nth(1)
+                        .and_then(|b| b.split_whitespace().next())
+                        .is_some_and(|b| b > past.as_str())
+            })
+            .any(|l| l.contains("stored the audit's settled rows"))
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || stored_past(&server.proc.logs())),
+        "{}",
+        server.proc.logs()
+    );
+    assert_eq!(
+        stored_rows_are_answered_once(&lake, "lease_timeline"),
+        ["filler", "regress-1", "write-1"]
+    );
+    assert!(sql_reads_stored_rows(&lake));
+    let q = "SELECT lease_id, kind, fencing_token, other_fencing_token FROM lease_violations \
+             ORDER BY lease_id, kind, fencing_token";
+    let expected = "lease_id,kind,fencing_token,other_fencing_token\n\
+                    regress-1,token_regression,3,10\n\
+                    write-1,stale_write_accepted,5,7\n";
+    assert_eq!(sql_auditing_all(&lake, q, "csv"), expected);
+    assert_eq!(sql(&lake, q, "csv"), expected);
+    // Each of those violations is judged against the context: none is
+    // stored (each is at or after its lease's cut).
+    assert_eq!(
+        stored_rows_are_answered_once(&lake, "lease_violations"),
+        Vec::<String>::new()
+    );
+    served_audit_is_the_lakes(&server, &lake);
+
+    // A late event from a file: its lease's stored rows do not account
+    // for it, so the reader audits every event, and the overlap it makes
+    // is answered.
+    let mut server = server;
+    server.proc.kill9();
+    let late = dir.path().join("late.jsonl");
+    std::fs::write(
+        &late,
+        format!(
+            "{}\n",
+            json!({"ts": t0 + 500, "kind": "acquired", "source": "coordinator",
+                "lease_id": "regress-1", "holder_id": "c", "fencing_token": 11,
+                "ttl_ms": 10_000, "backend": "etcd"})
+        ),
+    )
+    .unwrap();
+    import_files(&lake, &[late]);
+    assert!(!sql_reads_stored_rows(&lake));
+    let with_late = sql_auditing_all(&lake, q, "csv");
+    assert!(
+        with_late.contains("regress-1,overlapping_ownership,11,10\n"),
+        "{with_late}"
+    );
+    assert_eq!(sql(&lake, q, "csv"), with_late);
 }

@@ -130,6 +130,7 @@ fn from_cut(s: &Settled, cut: i64) -> Settled {
             .cloned()
             .collect(),
         cut: s.cut,
+        context: s.context.clone(),
     }
 }
 
@@ -226,10 +227,12 @@ impl StoredAudit {
                 .filter(|l| self.cuts.contains_key(*l))
                 .collect();
             let (remove, mut add) = lake.rewrite_without(&m, &stored_void).await?;
-            let (timeline, violations) = stored_batches(&rows);
+            let batches = stored_batches(&rows);
+            let (timeline, violations) = (&batches.timeline, &batches.violations);
             let written = async {
-                let mut files = lake.write(Table::LeaseTimeline, &timeline).await?;
-                files.extend(lake.write(Table::LeaseViolations, &violations).await?);
+                let mut files = lake.write(Table::LeaseTimeline, timeline).await?;
+                files.extend(lake.write(Table::LeaseViolations, violations).await?);
+                files.extend(lake.write(Table::LeaseContext, &batches.context).await?);
                 Ok::<_, LakeError>(files)
             };
             match written.await {

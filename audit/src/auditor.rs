@@ -123,6 +123,11 @@ pub struct Settled {
     pub violations: Vec<Violation>,
     /// Everything of the lease before this time is now settled.
     pub cut: i64,
+    /// The events before `cut` that the rows from `cut` on are still
+    /// judged against (`settle.rs`): with them and the events from `cut`
+    /// on, a reader audits the rest of the lease exactly. Filled by
+    /// [`Auditor::kept`] only.
+    pub context: Vec<LeaseEvent<'static>>,
 }
 
 impl Default for Auditor {
@@ -612,6 +617,7 @@ impl Auditor {
                 grants,
                 violations,
                 cut: ts,
+                context: Vec::new(),
             });
         }
         if self.ids.len() > 2 * self.held() + MIN_ID_COMPACTION {
@@ -651,6 +657,14 @@ impl Auditor {
                 grants: s.kept_grants.clone(),
                 violations: s.kept_violations.clone(),
                 cut: s.cut,
+                // What a cut keeps from before it, and only that, is held
+                // before it.
+                context: s
+                    .events
+                    .iter()
+                    .filter(|e| e.ts < s.cut)
+                    .map(|e| e.to_event(&s.id, &self.strings, self.ids.get_opt(e.event_id)))
+                    .collect(),
             })
             .collect()
     }

@@ -25,6 +25,12 @@ pub struct AuditConfig {
     /// 10 min.
     #[serde(with = "humantime_serde")]
     pub event_window: Duration,
+    /// Whether SQL answers `lease_timeline` and `lease_violations` from
+    /// the rows `serve --ingest` stored in the lake, auditing only what
+    /// has not settled, when those rows answer for the snapshot read.
+    /// `false` audits every event of `lease_events`: slower, and
+    /// independent of the stored rows. Default true.
+    pub read_stored: bool,
 }
 
 impl Default for AuditConfig {
@@ -33,6 +39,7 @@ impl Default for AuditConfig {
             late_fence_tolerance: Duration::from_millis(50),
             clock_skew_tolerance: Duration::from_millis(250),
             event_window: Duration::from_secs(600),
+            read_stored: true,
         }
     }
 }

@@ -76,6 +76,47 @@ impl Ev {
         }
     }
 
+    /// The event again, with the fields the audit reads (those this record
+    /// dropped are absent): what the stored context holds
+    /// (`alerts/src/stored.rs`).
+    pub fn to_event(
+        &self,
+        lease_id: &str,
+        strings: &Interner,
+        event_id: Option<&str>,
+    ) -> LeaseEvent<'static> {
+        let (keepalive, deadline) = if carries_keepalive(self.kind) {
+            (Ev::opt(self.aux_mono_ms), None)
+        } else {
+            (None, Ev::opt(self.aux_mono_ms))
+        };
+        let owned = |sym: Sym| {
+            strings
+                .get_opt(sym)
+                .map(|s| std::borrow::Cow::Owned(s.to_string()))
+        };
+        LeaseEvent {
+            ts_us: self.ts,
+            kind: self.kind,
+            source: self.source,
+            lease_id: std::borrow::Cow::Owned(lease_id.to_string()),
+            holder_id: owned(self.holder),
+            fencing_token: self.token(),
+            ttl_ms: self.ttl_ms(),
+            event_id: event_id.map(|s| std::borrow::Cow::Owned(s.to_string())),
+            backend: owned(self.backend),
+            latency_ms: None,
+            reason: None,
+            max_token: None,
+            mono_ms: Ev::opt(self.mono_ms),
+            keepalive_sent_mono_ms: keepalive,
+            deadline_mono_ms: deadline,
+            trace_id: owned(self.trace),
+            span_id: None,
+            attrs: Vec::new(),
+        }
+    }
+
     pub fn token(&self) -> Option<u64> {
         self.has_token.then_some(self.token)
     }

@@ -180,9 +180,18 @@ fn with_cuts(
     RecordBatch::try_new(schema, cols).expect("stored columns match")
 }
 
-/// Settled rows as the lake stores them: `lease_timeline` and
-/// `lease_violations` rows, each with its lease's cut as `settled_before`.
-pub fn stored_batches(settled: &[Settled]) -> (RecordBatch, RecordBatch) {
+/// Settled rows as the lake stores them, each with its lease's cut as
+/// `settled_before`.
+pub struct StoredBatches {
+    pub timeline: RecordBatch,
+    pub violations: RecordBatch,
+    /// The events each lease's later rows are judged against.
+    pub context: RecordBatch,
+}
+
+/// The `lease_timeline`, `lease_violations` and `lease_context` rows of
+/// `settled`.
+pub fn stored_batches(settled: &[Settled]) -> StoredBatches {
     let grants: Vec<Grant> = settled
         .iter()
         .flat_map(|s| s.grants.iter().cloned())
@@ -199,16 +208,21 @@ pub fn stored_batches(settled: &[Settled]) -> (RecordBatch, RecordBatch) {
         .iter()
         .flat_map(|s| std::iter::repeat_n(s.cut, s.violations.len()))
         .collect();
-    (
-        with_cuts(
+    let context: Vec<(leaseline_schema::LeaseEvent<'_>, i64)> = settled
+        .iter()
+        .flat_map(|s| s.context.iter().map(|e| (e.clone(), s.cut)))
+        .collect();
+    StoredBatches {
+        timeline: with_cuts(
             timeline_batch(&grants),
             grant_cuts,
             STORED_TIMELINE_SCHEMA.clone(),
         ),
-        with_cuts(
+        violations: with_cuts(
             violations_batch(&violations),
             violation_cuts,
             STORED_VIOLATIONS_SCHEMA.clone(),
         ),
-    )
+        context: leaseline_schema::context_batch(&context),
+    }
 }

@@ -346,6 +346,11 @@ struct AuditArgs {
     /// How far clocks of different emitters may disagree (e.g. `250ms`).
     #[arg(long, env = "LEASELINE_AUDIT_CLOCK_SKEW_TOLERANCE", value_parser = humantime::parse_duration)]
     clock_skew_tolerance: Option<Duration>,
+    /// Answer `lease_timeline` and `lease_violations` from the lake's
+    /// stored audit rows when they answer for the snapshot (`true`), or
+    /// audit every event (`false`).
+    #[arg(long, env = "LEASELINE_AUDIT_READ_STORED")]
+    audit_read_stored: Option<bool>,
 }
 
 impl AuditArgs {
@@ -355,6 +360,9 @@ impl AuditArgs {
         }
         if let Some(v) = self.clock_skew_tolerance {
             cfg.audit.clock_skew_tolerance = v;
+        }
+        if let Some(v) = self.audit_read_stored {
+            cfg.audit.read_stored = v;
         }
     }
 }

@@ -72,6 +72,8 @@ pub fn time_column(table: Table) -> &'static str {
         Table::LeaseAlerts => "recorded_at",
         Table::LeaseTimeline => "acquired_at",
         Table::LeaseViolations => "at",
+        // A context event is expired with the day of events it is one of.
+        Table::LeaseContext => "ts",
     }
 }
 

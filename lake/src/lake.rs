@@ -559,6 +559,29 @@ impl Lake {
         Ok(cuts)
     }
 
+    /// The positions recorded with `m`'s stored audit rows for each of
+    /// `partitions` (`lease_timeline`'s `txn`, see
+    /// `alerts/src/stored.rs`): below it, every event of the partition is
+    /// accounted for by the stored rows. `None` when this handle has
+    /// moved to a newer version of the table than `m`'s since.
+    pub async fn stored_positions(
+        &self,
+        m: &Manifest,
+        partitions: &[(String, i32)],
+    ) -> Result<Option<crate::manifest::Offsets>> {
+        let Some(&version) = m.tables.get(&Table::LeaseTimeline) else {
+            return Ok(Some(Default::default()));
+        };
+        let mut tables = self.inner.tables.lock().await;
+        let Some(loaded) = tables.get_mut(&Table::LeaseTimeline) else {
+            return Ok(None);
+        };
+        if loaded.state().map(|s| s.version) != Some(version) {
+            return Ok(None);
+        }
+        Ok(Some(loaded.txn_versions(partitions).await?))
+    }
+
     /// The stored audit files of `m` that hold rows of `leases`, and files
     /// written (not committed) with their other rows: what a
     /// [`Change::Settle`] removes and adds to void those leases' rows.

@@ -58,15 +58,18 @@ pub enum Table {
     LeaseTimeline,
     /// The audit's settled violations.
     LeaseViolations,
+    /// The events the settled leases' later rows are judged against.
+    LeaseContext,
 }
 
 impl Table {
-    pub const ALL: [Table; 5] = [
+    pub const ALL: [Table; 6] = [
         Table::LeaseEvents,
         Table::LeaseRejects,
         Table::LeaseAlerts,
         Table::LeaseTimeline,
         Table::LeaseViolations,
+        Table::LeaseContext,
     ];
 
     /// The tables SQL reads as they are stored. The stored audit tables
@@ -75,7 +78,11 @@ impl Table {
     pub const QUERIED: [Table; 3] = [Table::LeaseEvents, Table::LeaseRejects, Table::LeaseAlerts];
 
     /// The tables of settled audit rows.
-    pub const STORED_AUDIT: [Table; 2] = [Table::LeaseTimeline, Table::LeaseViolations];
+    pub const STORED_AUDIT: [Table; 3] = [
+        Table::LeaseTimeline,
+        Table::LeaseViolations,
+        Table::LeaseContext,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -84,6 +91,7 @@ impl Table {
             Table::LeaseAlerts => "lease_alerts",
             Table::LeaseTimeline => "lease_timeline",
             Table::LeaseViolations => "lease_violations",
+            Table::LeaseContext => "lease_context",
         }
     }
 }
@@ -319,7 +327,8 @@ impl Change {
             Table::LeaseAlerts => 1,
             Table::LeaseTimeline => 2,
             Table::LeaseViolations => 3,
-            Table::LeaseEvents => 4,
+            Table::LeaseContext => 4,
+            Table::LeaseEvents => 5,
         };
         let mut v: Vec<_> = out.into_iter().collect();
         v.sort_by_key(|(t, _)| order(t));

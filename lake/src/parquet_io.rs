@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use leaseline_schema::{
     ALERTS_SCHEMA, EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY,
-    STORED_TIMELINE_SCHEMA, STORED_VIOLATIONS_SCHEMA,
+    STORED_CONTEXT_SCHEMA, STORED_TIMELINE_SCHEMA, STORED_VIOLATIONS_SCHEMA,
 };
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
@@ -32,6 +32,7 @@ pub fn schema_of(table: Table) -> arrow::datatypes::SchemaRef {
         Table::LeaseAlerts => ALERTS_SCHEMA.clone(),
         Table::LeaseTimeline => STORED_TIMELINE_SCHEMA.clone(),
         Table::LeaseViolations => STORED_VIOLATIONS_SCHEMA.clone(),
+        Table::LeaseContext => STORED_CONTEXT_SCHEMA.clone(),
     }
 }
 
@@ -148,6 +149,7 @@ pub fn sort_for_table(table: Table, batch: &RecordBatch) -> Result<RecordBatch> 
         // files that hold a lease.
         Table::LeaseTimeline => &["lease_id", "acquired_at", "fencing_token"],
         Table::LeaseViolations => &["lease_id", "at", "kind", "fencing_token"],
+        Table::LeaseContext => &["lease_id", "ts"],
     };
     let cols: Vec<SortColumn> = names
         .iter()

@@ -241,6 +241,16 @@ impl AuditCache {
         if let Some(t) = st.tables.as_ref().filter(|t| t.version == m.version) {
             return Ok(t.clone());
         }
+        // The stored rows and what has not settled, when they answer for
+        // `m`; the engine's cache is then not needed.
+        if let Some(t) = crate::stored::from_stored(lake, m, self.config).await? {
+            let tables = Arc::new(t);
+            if st.tables.as_ref().is_none_or(|t| t.version < m.version) {
+                *st = CacheState::empty(self.config);
+                st.tables = Some(tables.clone());
+            }
+            return Ok(tables);
+        }
         let files: Vec<&str> = m
             .files_of(Table::LeaseEvents)
             .map(|f| f.path.as_str())

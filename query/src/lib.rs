@@ -42,6 +42,7 @@ mod files;
 mod limits;
 pub mod memory;
 pub mod output;
+mod stored;
 
 pub use crate::audit::{AuditCache, AuditTables, AuditView, LiveAudit};
 use crate::audit::{AuditSource, AuditTableProvider};

@@ -63,6 +63,39 @@ pub static EVENTS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(fields))
 });
 
+/// How many of [`EVENTS_SCHEMA`]'s columns are the contract's fields
+/// (the rest say where a row came from).
+pub const CONTRACT_COLUMNS: usize = 18;
+
+/// Columns of the lake's stored `lease_context`: the contract's fields of
+/// the events an audit cut keeps, then the lease's cut as
+/// `settled_before` (see `alerts/src/stored.rs`).
+pub static STORED_CONTEXT_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let mut fields: Vec<Field> = EVENTS_SCHEMA.fields()[..CONTRACT_COLUMNS]
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new(crate::audit::SETTLED_BEFORE, ts_type(), false));
+    Arc::new(Schema::new(fields))
+});
+
+/// `events` as `lease_context` rows, each with `cut` as `settled_before`.
+pub fn context_batch(events: &[(LeaseEvent<'_>, i64)]) -> RecordBatch {
+    let mut b = EventBatchBuilder::new();
+    let origin = Origin::File { path: "", line: 0 };
+    for (e, _) in events {
+        b.append(e, &origin, 0);
+    }
+    let batch = b.finish();
+    let mut cols: Vec<ArrayRef> = batch.columns()[..CONTRACT_COLUMNS].to_vec();
+    let cuts: Vec<i64> = events.iter().map(|(_, cut)| *cut).collect();
+    cols.push(timestamps(
+        PrimitiveArray::<TimestampMicrosecondType>::from(cuts),
+    ));
+    RecordBatch::try_new(STORED_CONTEXT_SCHEMA.clone(), cols)
+        .expect("context columns match STORED_CONTEXT_SCHEMA by construction")
+}
+
 /// Columns of `lease_rejects`: the raw message, why, and where it came from.
 pub static REJECTS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     let mut fields = vec![
@@ -502,5 +535,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn context_rows_are_the_contract_columns_and_the_cut() {
+        use super::*;
+        let names: Vec<&str> = STORED_CONTEXT_SCHEMA
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        assert_eq!(names[CONTRACT_COLUMNS - 1], "attrs");
+        assert_eq!(EVENTS_SCHEMA.field(CONTRACT_COLUMNS).name(), "kafka_topic");
+        assert_eq!(names[CONTRACT_COLUMNS], crate::audit::SETTLED_BEFORE);
+        let e = crate::decode_str(
+            r#"{"ts":1000,"kind":"acquired","source":"coordinator","lease_id":"l","holder_id":"h","fencing_token":3,"ttl_ms":5000}"#,
+        )
+        .unwrap();
+        let batch = context_batch(&[(e, 7)]);
+        assert_eq!(batch.num_rows(), 1);
+        let cols = crate::EventColumns::new(&batch).unwrap();
+        let back = cols.event(0).unwrap();
+        assert_eq!((back.ts_us, back.fencing_token), (1_000_000, Some(3)));
+        assert_eq!(back.holder_id.as_deref(), Some("h"));
+        let cut = batch
+            .column(CONTRACT_COLUMNS)
+            .as_any()
+            .downcast_ref::<PrimitiveArray<TimestampMicrosecondType>>()
+            .unwrap();
+        assert_eq!(cut.value(0), 7);
     }
 }

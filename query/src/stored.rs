@@ -1,0 +1,216 @@
+//! The audit's tables read from the lake's stored rows, so that a reader
+//! (`sql`, `serve`, Grafana through them) audits only what has not
+//! settled rather than the whole history.
+//!
+//! A writer (`serve --ingest`, `alerts/src/stored.rs`) stores each lease's
+//! settled grants and violations, and with them the lease's *context*: the
+//! few events before its cut that the rows from the cut on are judged
+//! against (`audit/src/settle.rs`). Each row carries the lease's cut as
+//! `settled_before`. A reader of snapshot `m`:
+//!
+//! 1. reads each lease's cut, the largest `settled_before` of its rows;
+//! 2. reads the `lease_events` rows at or after their lease's cut (and
+//!    every row of a lease with no cut), and the context rows stored with
+//!    each lease's cut;
+//! 3. settles each lease at its cut ([`Auditor::resume`]), which holds
+//!    only if the events it was given allow that cut, so the auditor
+//!    answers the rows from the cut on;
+//! 4. answers the stored rows plus the auditor's.
+//!
+//! The answer is the whole audit's only if the stored rows account for
+//! every event before their lease's cut. They do for a Kafka record below
+//! the position the writer recorded for its partition with the rows. An
+//! event before its lease's cut that is not below it (the writer has not
+//! audited it again yet, or it came from a file), or a cut the events do
+//! not allow, means the stored rows do not answer for `m` yet: the reader
+//! then audits `m`'s events whole, as it does a lake without stored rows
+//! (decided so: it is exact, and it happens only while a late event
+//! waits for its writer, or on a lake mixing imported files with Kafka).
+//!
+//! The stored rows are computed with the writer's tolerances
+//! (`audit.skew`, `audit.event_window`...): a reader configured
+//! differently reads them as they are.
+
+use std::collections::HashMap;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{Int32Type, Int64Type, TimestampMicrosecondType};
+use leaseline_audit::{AuditConfig, Auditor, StoredFiles};
+use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
+use leaseline_schema::{EventColumns, LeaseEvent, SETTLED_BEFORE};
+
+use tracing::debug;
+
+use crate::audit::{derive, AuditTables};
+use crate::Result;
+
+/// The columns that place a `lease_events` row against its lease's cut
+/// and say whether the stored rows account for it.
+const PLACE: [&str; 5] = [
+    "lease_id",
+    "ts",
+    "kafka_topic",
+    "kafka_partition",
+    "kafka_offset",
+];
+
+/// The derived tables of `m` from its stored audit rows; `None` when it
+/// has none, or they do not answer for `m` (see the module docs).
+pub(crate) async fn from_stored(
+    lake: &Lake,
+    m: &Manifest,
+    config: AuditConfig,
+) -> Result<Option<AuditTables>> {
+    if !config.read_stored {
+        return Ok(None);
+    }
+    let stored: Vec<_> = m
+        .files
+        .iter()
+        .filter(|f| Table::STORED_AUDIT.contains(&f.table))
+        .collect();
+    if stored.is_empty() {
+        return Ok(None);
+    }
+    let cuts = lake.stored_cuts(&stored).await?;
+    let mut auditor = Auditor::new(config);
+    // The largest offset of a Kafka partition's rows before their lease's
+    // cut: the writer's recorded position must be past it.
+    let mut settled: Vec<((String, i32), i64)> = Vec::new();
+    for f in m.files_of(Table::LeaseEvents) {
+        let bytes = lake.store().get(&f.path).await?;
+        let mut keep = Vec::new();
+        for batch in parquet_io::column_reader(bytes.clone(), &PLACE)? {
+            let batch = batch.map_err(LakeError::from)?;
+            if !place(&batch, &cuts, &mut settled, &mut keep)? {
+                debug!(file = %f.path, "an event before its lease's cut has no Kafka position; auditing every event");
+                return Ok(None);
+            }
+        }
+        if !keep.iter().any(|&k| k) {
+            continue;
+        }
+        let mut at = 0;
+        for batch in parquet_io::column_reader(bytes, &EventColumns::COLUMNS)? {
+            let batch = batch.map_err(LakeError::from)?;
+            let mask = &keep[at..at + batch.num_rows()];
+            at += batch.num_rows();
+            let batch = parquet_io::filter_rows(&batch, mask)?;
+            push(&mut auditor, &batch, |_| true)?;
+        }
+    }
+    let mut context_columns: Vec<&str> = EventColumns::COLUMNS.to_vec();
+    context_columns.push(SETTLED_BEFORE);
+    for f in m.files_of(Table::LeaseContext) {
+        let bytes = lake.store().get(&f.path).await?;
+        for batch in parquet_io::column_reader(bytes, &context_columns)? {
+            let batch = batch.map_err(LakeError::from)?;
+            let cut_of = batch
+                .column_by_name(SETTLED_BEFORE)
+                .ok_or_else(|| LakeError::Delta(format!("{} lacks {SETTLED_BEFORE}", f.path)))?
+                .as_primitive::<TimestampMicrosecondType>()
+                .clone();
+            // A lease's context at an earlier cut is superseded.
+            push(&mut auditor, &batch, |(i, e)| {
+                cuts.get(&*e.lease_id) == Some(&cut_of.value(i))
+            })?;
+        }
+    }
+    let partitions: Vec<(String, i32)> = settled.iter().map(|(k, _)| k.clone()).collect();
+    let Some(positions) = lake.stored_positions(m, &partitions).await? else {
+        debug!("the stored audit tables moved on while read; auditing every event");
+        return Ok(None);
+    };
+    let accounted = settled.iter().all(|((topic, p), offset)| {
+        positions
+            .get(topic)
+            .and_then(|ps| ps.get(p))
+            .is_some_and(|&next| *offset < next)
+    });
+    if !accounted {
+        debug!("an event before its lease's cut is past the stored rows' position; auditing every event");
+        return Ok(None);
+    }
+    for (lease, &cut) in &cuts {
+        if auditor.lease_name(lease).is_some() && auditor.resume(lease, cut).is_none() {
+            debug!(lease_id = %lease, "the events read do not allow the lease's stored cut; auditing every event");
+            return Ok(None);
+        }
+    }
+    debug!(
+        leases = cuts.len(),
+        events = auditor.len(),
+        "the audit's tables are the stored audit rows and the events after them"
+    );
+    let mut tables = derive(&mut auditor, m.version);
+    let list = |t| {
+        m.files_of(t)
+            .map(|f| (f.path.clone(), f.bytes))
+            .collect::<Vec<_>>()
+    };
+    tables.stored = Some(std::sync::Arc::new(StoredFiles {
+        timeline: list(Table::LeaseTimeline),
+        violations: list(Table::LeaseViolations),
+    }));
+    Ok(Some(tables))
+}
+
+/// Appends to `keep`, for each row of `batch` (of [`PLACE`]'s columns),
+/// whether the reader audits it (at or after its lease's cut), and notes
+/// the Kafka position of each row it does not. False if a row before its
+/// lease's cut has no Kafka position: nothing says the stored rows
+/// account for it.
+fn place(
+    batch: &RecordBatch,
+    cuts: &HashMap<String, i64>,
+    settled: &mut Vec<((String, i32), i64)>,
+    keep: &mut Vec<bool>,
+) -> Result<bool> {
+    let column = |name: &str| {
+        batch
+            .column_by_name(name)
+            .ok_or_else(|| LakeError::Delta(format!("lease_events lacks {name}")))
+    };
+    let ids = column("lease_id")?.as_string::<i32>();
+    let ts = column("ts")?.as_primitive::<TimestampMicrosecondType>();
+    let topic = column("kafka_topic")?.as_string::<i32>();
+    let partition = column("kafka_partition")?.as_primitive::<Int32Type>();
+    let offset = column("kafka_offset")?.as_primitive::<Int64Type>();
+    for i in 0..batch.num_rows() {
+        let audited = cuts.get(ids.value(i)).is_none_or(|&cut| ts.value(i) >= cut);
+        keep.push(audited);
+        if audited {
+            continue;
+        }
+        if topic.is_null(i) || partition.is_null(i) || offset.is_null(i) {
+            return Ok(false);
+        }
+        // Partitions are few: a scan beats hashing a key per row.
+        let (t, p, o) = (topic.value(i), partition.value(i), offset.value(i));
+        match settled.iter_mut().find(|((st, sp), _)| st == t && *sp == p) {
+            Some((_, at)) => *at = (*at).max(o),
+            None => settled.push(((t.to_string(), p), o)),
+        }
+    }
+    Ok(true)
+}
+
+/// Pushes the rows of `batch` that `wanted` takes (by row index and
+/// event). Lake rows hold each `event_id` once, and a lease's context is
+/// before its cut while its other rows read are not, so no id repeats.
+fn push(
+    auditor: &mut Auditor,
+    batch: &RecordBatch,
+    wanted: impl Fn((usize, &LeaseEvent<'_>)) -> bool,
+) -> Result<()> {
+    let cols = EventColumns::new(batch)?;
+    let mut events: Vec<LeaseEvent<'_>> = Vec::with_capacity(cols.len());
+    for i in 0..cols.len() {
+        let e = cols.event(i)?;
+        if wanted((i, &e)) {
+            events.push(e);
+        }
+    }
+    auditor.push_all_unique(&events);
+    Ok(())
+}
