@@ -10,10 +10,12 @@ events=${1:-10000000}
 rounds=${2:-5}
 lookups=${3:-500}
 lake=${4:-target/bench-lake-$events}
-python3 -c "import duckdb" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check duckdb
+export PIP_BREAK_SYSTEM_PACKAGES=1
+python3 -c "import duckdb, deltalake, pytz" 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check duckdb deltalake pytz
 cargo build --release -p leaseline --bin leaseline
 bin=target/release/leaseline
-if [ ! -d "$lake/_manifest" ]; then
+if [ ! -d "$lake/lease_events/_delta_log" ]; then
   rm -rf "$lake"
   # 20,000 leases, 3 holders each, 6 s TTL; keepalive blips, crashes
   # (forced expiries) and pauses (rejected stale writes) as in production.

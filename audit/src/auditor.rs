@@ -728,34 +728,88 @@ impl Auditor {
         self.file_log();
         let lease = self.leases.find(lease_id)?;
         let state = &mut self.states[lease as usize];
-        let found = if state.stale || state.events.is_empty() || state.cut >= cut {
-            None
-        } else {
-            state.recompute(&self.strings, &self.ids, self.tol, &mut self.scratch);
-            crate::settle::find_cut(&state.events, &self.scratch, self.tol, cut, state.cut)
-                .filter(|c| c.ts == cut)
-        };
-        let Some(found) = found else {
+        let Some(dropped) =
+            state.cut_at(cut, &self.strings, &self.ids, self.tol, &mut self.scratch)
+        else {
             if state.cut < cut && !self.voided.contains(&lease) {
                 self.voided.push(lease);
             }
             return None;
         };
-        let dropped = state
-            .violations
-            .iter()
-            .filter(|v| v.at < cut)
-            .cloned()
-            .collect();
-        state.apply_cut(found, &self.scratch);
-        // Kept rows are before any cut, so before this one: stored.
-        state.kept_grants = Vec::new();
-        state.kept_violations = Vec::new();
         state.recompute(&self.strings, &self.ids, self.tol, &mut self.scratch);
         self.touch(lease);
         // Rows are now answered by the stored tables only.
         self.generation += 1;
         Some(dropped)
+    }
+
+    /// [`Auditor::resume`] of many leases at once, over every core, for a
+    /// reader that holds each lease's stored context and its events from
+    /// its cut on (`query/src/stored.rs`); leases it does not hold are
+    /// skipped. Returns the leases whose cut was not made, which are
+    /// voided as `resume` voids them.
+    pub fn resume_all<'l>(
+        &mut self,
+        cuts: impl IntoIterator<Item = (&'l str, i64)>,
+    ) -> Vec<std::sync::Arc<str>> {
+        self.file_log();
+        let mut want: Vec<Option<i64>> = vec![None; self.states.len()];
+        for (lease, cut) in cuts {
+            if let Some(l) = self.leases.find(lease) {
+                want[l as usize] = Some(cut);
+            }
+        }
+        let (strings, ids, tol) = (&self.strings, &self.ids, self.tol);
+        let failed = std::sync::Mutex::new(Vec::new());
+        let runs = std::sync::Mutex::new(
+            self.states
+                .chunks_mut(PARALLEL_RUN_LEASES)
+                .zip(want.chunks(PARALLEL_RUN_LEASES))
+                .enumerate(),
+        );
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    let mut scratch = Scratch::default();
+                    loop {
+                        let Some((run, (states, want))) =
+                            runs.lock().unwrap_or_else(|e| e.into_inner()).next()
+                        else {
+                            break;
+                        };
+                        for (i, (state, cut)) in states.iter_mut().zip(want).enumerate() {
+                            let Some(cut) = *cut else { continue };
+                            if state.cut_at(cut, strings, ids, tol, &mut scratch).is_none()
+                                && state.cut < cut
+                            {
+                                let lease = (run * PARALLEL_RUN_LEASES + i) as Sym;
+                                failed.lock().unwrap_or_else(|e| e.into_inner()).push(lease);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (lease, cut) in want.iter().enumerate() {
+            if cut.is_some() {
+                // A cut leaves its lease marked but perhaps not listed for
+                // the next refresh: list it.
+                self.states[lease].dirty = false;
+                self.touch(lease as Sym);
+            }
+        }
+        for &lease in &failed {
+            if !self.voided.contains(&lease) {
+                self.voided.push(lease);
+            }
+        }
+        self.generation += 1;
+        failed
+            .into_iter()
+            .map(|l| self.states[l as usize].id.clone())
+            .collect()
     }
 
     /// Forgets the ids of events no longer held, so that the table of ids

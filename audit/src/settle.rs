@@ -61,9 +61,11 @@
 
 use crate::config::Tolerances;
 use crate::derive::Scratch;
-use crate::intern::Sym;
+use crate::ids::EventIds;
+use crate::intern::{Interner, Sym};
 use crate::lease::LeaseState;
 use crate::record::Ev;
+use crate::violation::Violation;
 use leaseline_schema::Kind;
 
 /// Where a lease's events are cut, and which events before it stay.
@@ -204,6 +206,36 @@ impl LeaseState {
             .holders_from_cut
             .iter()
             .any(|&(h, at)| h == ev.holder && at <= limit)
+    }
+
+    /// Settles the lease at exactly `cut` if the events it holds allow
+    /// that cut (found as [`crate::Auditor::settle`] finds one), dropping
+    /// its rows from before it; returns the violations dropped. The lease
+    /// is left to be recomputed.
+    pub(crate) fn cut_at(
+        &mut self,
+        cut: i64,
+        strings: &Interner,
+        ids: &EventIds,
+        tol: Tolerances,
+        scratch: &mut Scratch,
+    ) -> Option<Vec<Violation>> {
+        if self.stale || self.events.is_empty() || self.cut >= cut {
+            return None;
+        }
+        self.recompute(strings, ids, tol, scratch);
+        let found = find_cut(&self.events, scratch, tol, cut, self.cut).filter(|c| c.ts == cut)?;
+        let dropped = self
+            .violations
+            .iter()
+            .filter(|v| v.at < cut)
+            .cloned()
+            .collect();
+        self.apply_cut(found, scratch);
+        // Kept rows are before any cut, so before this one: stored.
+        self.kept_grants = Vec::new();
+        self.kept_violations = Vec::new();
+        Some(dropped)
     }
 
     /// Takes the cut: drops the settled events but the context, and

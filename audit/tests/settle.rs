@@ -205,7 +205,7 @@ fn fleets_delivered_late_settle_to_the_whole_historys_answer() {
 
 /// What the lake's stored audit tables hold in this test: per lease, its
 /// cut and the rows stored.
-type Stored = BTreeMap<String, (i64, Vec<Grant>, Vec<Violation>)>;
+type Stored = BTreeMap<String, (i64, Vec<Grant>, Vec<Violation>, Vec<LeaseEvent<'static>>)>;
 
 /// The live engine's commit: the voided leases' rows go, the kept rows
 /// come with their lease's cut, and the auditor releases them.
@@ -218,9 +218,28 @@ fn store(a: &mut Auditor, stored: &mut Stored) {
         rows.0 = s.cut;
         rows.1.extend(s.grants);
         rows.2.extend(s.violations);
+        rows.3 = s.context;
     }
     a.release_kept(Arc::new(StoredFiles::default()));
     assert!(a.voided().is_empty() && a.kept().is_empty());
+}
+
+/// What a reader of the lake's stored tables audits (`query/src/stored.rs`)
+/// when the stored rows account for every event: each lease's stored
+/// context and its events from its cut on, every event of a lease with no
+/// stored rows, each lease settled at its stored cut.
+fn reader(stored: &Stored, lake: &[LeaseEvent<'static>]) -> Auditor {
+    let mut r = Auditor::default();
+    for (_, (_, _, _, context)) in stored.iter() {
+        r.push_all(context);
+    }
+    r.push_all(
+        lake.iter()
+            .filter(|e| stored.get(&*e.lease_id).is_none_or(|s| e.ts_us >= s.0)),
+    );
+    let failed = r.resume_all(stored.iter().map(|(l, s)| (l.as_str(), s.0)));
+    assert!(failed.is_empty(), "cuts not made again: {failed:?}");
+    r
 }
 
 /// The protocol of `serve --ingest` with the lake's stored tables
@@ -276,7 +295,7 @@ fn stored_rows_and_a_restart_at_their_cuts_answer_the_whole_history() {
                 // lease at its stored cut, then the rest as they came.
                 a = Auditor::default();
                 a.push_all(&lake[..position]);
-                for (lease, (cut, _, _)) in &stored {
+                for (lease, (cut, ..)) in &stored {
                     match a.resume(lease, *cut) {
                         Some(_) => resumed += 1,
                         None => voided += 1,
@@ -301,9 +320,19 @@ fn stored_rows_and_a_restart_at_their_cuts_answer_the_whole_history() {
             if i % 50 == 0 {
                 store(&mut a, &mut stored);
                 position = lake.len();
+                assert_eq!(
+                    whole(&mut reader(&stored, &lake), &stored),
+                    expect(&lake),
+                    "seed {seed}: a reader of the stored rows after {i} events"
+                );
             }
         }
         store(&mut a, &mut stored);
+        assert_eq!(
+            whole(&mut reader(&stored, &lake), &stored),
+            expect(&history),
+            "seed {seed}: a reader of the stored rows at the end"
+        );
         assert_eq!(
             whole(&mut a, &stored),
             expect(&history),

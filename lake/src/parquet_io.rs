@@ -286,6 +286,27 @@ pub fn column_reader(
     Ok(reader.map(|b| b.and_then(from_storage)))
 }
 
+/// [`column_reader`] of the rows whose index is true in `keep` (one entry
+/// per row of the file): rows left out are skipped while decoding rather
+/// than decoded and filtered.
+pub fn selected_reader(
+    bytes: Bytes,
+    columns: &[&str],
+    keep: &[bool],
+) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+    let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
+    let selection = parquet::arrow::arrow_reader::RowSelection::from_filters(&[
+        arrow::array::BooleanArray::from(keep.to_vec()),
+    ]);
+    let reader: ParquetRecordBatchReader = builder
+        .with_projection(mask)
+        .with_row_selection(selection)
+        .with_batch_size(64 * 1024)
+        .build()?;
+    Ok(reader.map(|b| b.and_then(from_storage)))
+}
+
 /// Concatenates batches of one table into one (empty if none).
 pub fn concat(table: Table, batches: &[RecordBatch]) -> Result<RecordBatch> {
     let schema = schema_of(table);

@@ -32,6 +32,7 @@
 //! differently reads them as they are.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Int32Type, Int64Type, TimestampMicrosecondType};
@@ -42,7 +43,7 @@ use leaseline_schema::{EventColumns, LeaseEvent, SETTLED_BEFORE};
 use tracing::debug;
 
 use crate::audit::{derive, AuditTables};
-use crate::Result;
+use crate::{QueryError, Result};
 
 /// The columns that place a `lease_events` row against its lease's cut
 /// and say whether the stored rows account for it.
@@ -72,33 +73,53 @@ pub(crate) async fn from_stored(
     if stored.is_empty() {
         return Ok(None);
     }
+    let started = std::time::Instant::now();
     let cuts = lake.stored_cuts(&stored).await?;
+    let cuts_read = started.elapsed();
     let mut auditor = Auditor::new(config);
-    // The largest offset of a Kafka partition's rows before their lease's
-    // cut: the writer's recorded position must be past it.
-    let mut settled: Vec<((String, i32), i64)> = Vec::new();
-    for f in m.files_of(Table::LeaseEvents) {
-        let bytes = lake.store().get(&f.path).await?;
-        let mut keep = Vec::new();
-        for batch in parquet_io::column_reader(bytes.clone(), &PLACE)? {
-            let batch = batch.map_err(LakeError::from)?;
-            if !place(&batch, &cuts, &mut settled, &mut keep)? {
-                debug!(file = %f.path, "an event before its lease's cut has no Kafka position; auditing every event");
-                return Ok(None);
+    // Decoding and auditing each take a core: a blocking thread reads the
+    // files while this task pushes the rows already read.
+    let cuts = Arc::new(cuts);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(BATCHES_AHEAD);
+    let store = lake.store().clone();
+    let files: Vec<String> = m
+        .files_of(Table::LeaseEvents)
+        .map(|f| f.path.clone())
+        .collect();
+    let reader_cuts = cuts.clone();
+    let reader = tokio::spawn(async move {
+        // The largest offset of a Kafka partition's rows before their
+        // lease's cut: the writer's recorded position must be past it.
+        let mut settled: Settled = Vec::new();
+        for path in files {
+            let bytes = store.get(&path).await?;
+            let (tx, cuts) = (tx.clone(), reader_cuts.clone());
+            let found = tokio::task::spawn_blocking(move || read_tail(bytes, &cuts, &tx))
+                .await
+                .map_err(joined)??;
+            let Some(found) = found else {
+                return Ok::<_, QueryError>(Err(path));
+            };
+            for (key, offset) in found {
+                match settled.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, at)) => *at = (*at).max(offset),
+                    None => settled.push((key, offset)),
+                }
             }
         }
-        if !keep.iter().any(|&k| k) {
-            continue;
-        }
-        let mut at = 0;
-        for batch in parquet_io::column_reader(bytes, &EventColumns::COLUMNS)? {
-            let batch = batch.map_err(LakeError::from)?;
-            let mask = &keep[at..at + batch.num_rows()];
-            at += batch.num_rows();
-            let batch = parquet_io::filter_rows(&batch, mask)?;
-            push(&mut auditor, &batch, |_| true)?;
-        }
+        Ok(Ok(settled))
+    });
+    while let Some(batch) = rx.recv().await {
+        push(&mut auditor, &batch, |_| true)?;
     }
+    let settled = match reader.await.map_err(joined)?? {
+        Ok(settled) => settled,
+        Err(path) => {
+            debug!(file = %path, "an event before its lease's cut has no Kafka position; auditing every event");
+            return Ok(None);
+        }
+    };
+    let events_read = started.elapsed();
     let mut context_columns: Vec<&str> = EventColumns::COLUMNS.to_vec();
     context_columns.push(SETTLED_BEFORE);
     for f in m.files_of(Table::LeaseContext) {
@@ -131,18 +152,22 @@ pub(crate) async fn from_stored(
         debug!("an event before its lease's cut is past the stored rows' position; auditing every event");
         return Ok(None);
     }
-    for (lease, &cut) in &cuts {
-        if auditor.lease_name(lease).is_some() && auditor.resume(lease, cut).is_none() {
-            debug!(lease_id = %lease, "the events read do not allow the lease's stored cut; auditing every event");
-            return Ok(None);
-        }
+    let failed = auditor.resume_all(cuts.iter().map(|(l, &c)| (l.as_str(), c)));
+    if let Some(lease) = failed.first() {
+        debug!(lease_id = %lease, "the events read do not allow the lease's stored cut; auditing every event");
+        return Ok(None);
     }
+    let resumed = started.elapsed();
+    let mut tables = derive(&mut auditor, m.version);
     debug!(
         leases = cuts.len(),
         events = auditor.len(),
+        cuts_ms = cuts_read.as_millis(),
+        events_ms = (events_read - cuts_read).as_millis(),
+        resume_ms = (resumed - events_read).as_millis(),
+        derive_ms = (started.elapsed() - resumed).as_millis(),
         "the audit's tables are the stored audit rows and the events after them"
     );
-    let mut tables = derive(&mut auditor, m.version);
     let list = |t| {
         m.files_of(t)
             .map(|f| (f.path.clone(), f.bytes))
@@ -155,6 +180,45 @@ pub(crate) async fn from_stored(
     Ok(Some(tables))
 }
 
+/// Largest offsets of Kafka partitions, by `(topic, partition)`.
+type Settled = Vec<((String, i32), i64)>;
+
+/// Batches read ahead of the auditor.
+const BATCHES_AHEAD: usize = 2;
+
+fn joined(e: tokio::task::JoinError) -> QueryError {
+    QueryError::DataFusion(datafusion::error::DataFusionError::External(Box::new(e)))
+}
+
+/// Sends the rows of one `lease_events` file that the reader audits (at or
+/// after their lease's cut); returns the largest offset of each Kafka
+/// partition's other rows, or `None` if one has no Kafka position.
+fn read_tail(
+    bytes: bytes::Bytes,
+    cuts: &HashMap<String, i64>,
+    tx: &tokio::sync::mpsc::Sender<RecordBatch>,
+) -> Result<Option<Settled>> {
+    let mut settled = Vec::new();
+    let mut keep = Vec::new();
+    for batch in parquet_io::column_reader(bytes.clone(), &PLACE)? {
+        let batch = batch.map_err(LakeError::from)?;
+        if !place(&batch, cuts, &mut settled, &mut keep)? {
+            return Ok(None);
+        }
+    }
+    if !keep.iter().any(|&k| k) {
+        return Ok(Some(settled));
+    }
+    for batch in parquet_io::selected_reader(bytes, &EventColumns::COLUMNS, &keep)? {
+        let batch = batch.map_err(LakeError::from)?;
+        if batch.num_rows() > 0 && tx.blocking_send(batch).is_err() {
+            // The auditor side failed, and says why.
+            break;
+        }
+    }
+    Ok(Some(settled))
+}
+
 /// Appends to `keep`, for each row of `batch` (of [`PLACE`]'s columns),
 /// whether the reader audits it (at or after its lease's cut), and notes
 /// the Kafka position of each row it does not. False if a row before its
@@ -163,7 +227,7 @@ pub(crate) async fn from_stored(
 fn place(
     batch: &RecordBatch,
     cuts: &HashMap<String, i64>,
-    settled: &mut Vec<((String, i32), i64)>,
+    settled: &mut Settled,
     keep: &mut Vec<bool>,
 ) -> Result<bool> {
     let column = |name: &str| {

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The audit's tables read from the lake's stored audit rows against an
+# audit of every event (BENCHMARKS.md), on a lake built the way production
+# builds it: the simulator's fleet (20,000 leases, 3 holders each, 6 s TTL,
+# faults on) is produced to a tansu topic, and `serve --ingest` consumes it
+# with `audit.event_window = WINDOW`, storing its settled rows. It is
+# stopped as soon as every event is committed, while the last WINDOW of
+# event time is still unsettled, as it is in a live run. Then
+# scripts/bench_stored.py times fresh `leaseline sql` processes on that
+# lake with `audit.read_stored` true and false, and
+# scripts/bench_timeline.py compares lease_timeline with DuckDB.
+#
+# Usage: scripts/bench-stored.sh [EVENTS] [WINDOW] [ROUNDS] [LAKE]
+#   EVENTS  size of the history (default 10000000; the fleet emits about
+#           23,000 events per second of event time)
+#   WINDOW  audit.event_window of the writer and the readers (default 1m)
+#   ROUNDS  timed runs of each reader (default 5)
+#   LAKE    where the lake is built once and kept
+#           (default target/bench-stored-EVENTS-WINDOW)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+events=${1:-10000000}
+window=${2:-1m}
+rounds=${3:-5}
+lake=${4:-target/bench-stored-$events-$window}
+export PATH="$HOME/.cargo/bin:$PATH"
+# Debian 12 and later refuse `pip install` outside a virtualenv (PEP 668).
+export PIP_BREAK_SYSTEM_PACKAGES=1
+command -v tansu >/dev/null || cargo install tansu --locked --features dynostore
+python3 -c "import duckdb, deltalake, pytz" 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check duckdb deltalake pytz
+cargo build --release -p leaseline --bin leaseline --example bench_load
+target=${CARGO_TARGET_DIR:-target}
+bin=$target/release/leaseline
+work=$(mktemp -d)
+. scripts/bench-broker.sh
+trap 'kill ${serve_pid:-} ${tansu_pid:-} 2>/dev/null || true; rm -rf "$work"' EXIT
+mkdir -p "$lake"
+cfg=$(realpath "$lake")/../bench-stored-$events-$window.toml
+# The watermark must follow the events only: a topic read to its end would
+# otherwise let the wall clock move it past the history after 10 s.
+printf '[audit]\nevent_window = "%s"\n[alerts]\npartition_idle_timeout = "1h"\n' "$window" >"$cfg"
+
+# Where the newest settle of the audit cut, in ms (0 before the first).
+settled_ms() {
+  python3 - "$work/serve.log" <<'PY'
+import re, sys, datetime
+cut = 0
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"settled the audit.* before=(\S+)", line)
+    if m:
+        t = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00"))
+        cut = int(t.timestamp() * 1000)
+print(cut)
+PY
+}
+
+if [ ! -d "$lake/lease_events/_delta_log" ]; then
+  start_broker
+  "$bin" simulate --seed 7 --leases 20000 --events "$events" --start 2026-11-01T00:00:00Z \
+    --blip 0.002 --crash 0.001 --pause 0.0005 --double-grant 0.0002 --output "$work/fleet.ndjson" 2>/dev/null
+  "$target"/release/examples/bench_load "127.0.0.1:$port" stored-leases "$work/fleet.ndjson" 1 |
+    tee "$work/fill.json"
+  rm "$work/fleet.ndjson"
+  # Live, the audit settles up to the watermark (the newest event less the
+  # 30 s lateness) less the window, every half window: once it has settled
+  # that close to the history's end, the lake is as a live run leaves it.
+  window_ms=$(python3 -c 'import sys; v=sys.argv[1]; u={"s":1,"m":60,"h":3600}[v[-1]]; print(int(float(v[:-1])*u*1000))' "$window")
+  last_ms=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["last_ts_ms"])' "$work/fill.json")
+  target_ms=$((last_ms - 30000 - window_ms * 3 / 2 - 5000))
+  start=$(date +%s.%N)
+  LEASELINE_LOG=info "$bin" serve --config "$cfg" --lake "$lake" --ingest \
+    --brokers "127.0.0.1:$port" --topic stored-leases --group-id bench-stored \
+    --http-listen 127.0.0.1:0 --no-pg >"$work/serve.log" 2>&1 &
+  serve_pid=$!
+  until [ "$(settled_ms)" -ge "$target_ms" ]; do
+    kill -0 "$serve_pid" 2>/dev/null || { tail -50 "$work/serve.log"; exit 1; }
+    sleep 1
+  done
+  kill -TERM "$serve_pid"
+  wait "$serve_pid" || true
+  serve_pid=
+  echo "lake built by serve --ingest in $(echo "$(date +%s.%N) - $start" | bc) s"
+  grep -c "stored the audit's settled rows" "$work/serve.log" | sed 's/^/store commits: /'
+  grep "settled the audit" "$work/serve.log" | tail -1
+  kill "$tansu_pid"
+fi
+python3 scripts/bench_stored.py "$bin" "$lake" "$cfg" "$rounds"
+LEASELINE_CONFIG=$cfg python3 scripts/bench_timeline.py "$bin" "$lake" "$rounds" 0
