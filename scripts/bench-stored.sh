@@ -12,7 +12,7 @@
 #
 # Usage: scripts/bench-stored.sh [EVENTS] [WINDOW] [ROUNDS] [LAKE]
 #   EVENTS  size of the history (default 10000000; the fleet emits about
-#           23,000 events per second of event time)
+#           29,000 events per second of event time)
 #   WINDOW  audit.event_window of the writer and the readers (default 1m)
 #   ROUNDS  timed runs of each reader (default 5)
 #   LAKE    where the lake is built once and kept

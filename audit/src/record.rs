@@ -80,7 +80,7 @@ impl Ev {
     /// dropped are absent): what the stored context holds
     /// (`alerts/src/stored.rs`).
     pub fn to_event(
-        &self,
+        self,
         lease_id: &str,
         strings: &Interner,
         event_id: Option<&str>,

@@ -12,9 +12,9 @@
 //! 2. reads the `lease_events` rows at or after their lease's cut (and
 //!    every row of a lease with no cut), and the context rows stored with
 //!    each lease's cut;
-//! 3. settles each lease at its cut ([`Auditor::resume`]), which holds
-//!    only if the events it was given allow that cut, so the auditor
-//!    answers the rows from the cut on;
+//! 3. settles each lease at its cut ([`Auditor::resume_all`]), which
+//!    holds only if the events it was given allow that cut, so the
+//!    auditor answers the rows from the cut on;
 //! 4. answers the stored rows plus the auditor's.
 //!
 //! The answer is the whole audit's only if the stored rows account for
@@ -26,6 +26,11 @@
 //! then audits `m`'s events whole, as it does a lake without stored rows
 //! (decided so: it is exact, and it happens only while a late event
 //! waits for its writer, or on a lake mixing imported files with Kafka).
+//!
+//! Of each file, the lease ids, times and Kafka positions are read first;
+//! only the rows from their lease's cut on are then decoded (a Parquet row
+//! selection), on a blocking thread while the audit takes the rows already
+//! read.
 //!
 //! The stored rows are computed with the writer's tolerances
 //! (`audit.skew`, `audit.event_window`...): a reader configured
