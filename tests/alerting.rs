@@ -74,6 +74,20 @@ fn released(ts: i64, lease: &str, holder: &str, token: u64) -> (String, Vec<u8>)
     )
 }
 
+/// A lease `filler` granted and released once a minute for `minutes`
+/// minutes after `t0`: event time that moves on.
+fn filler(t0: i64, minutes: u64) -> Vec<(String, Vec<u8>)> {
+    (1..=minutes)
+        .flat_map(|k| {
+            let at = t0 + k as i64 * 60_000;
+            [
+                acquired(at, "filler", "f", k),
+                released(at + 1_000, "filler", "f", k),
+            ]
+        })
+        .collect()
+}
+
 fn serve_with_ingest(dir: &Path, broker: &Broker, config: &Path) -> Server {
     serve_in_group(dir, broker, config, "leaseline")
 }
@@ -1428,11 +1442,7 @@ async fn events_later_than_the_audit_window_are_audited_again_alerted_and_stored
         released(t0 + 35_000, "unmade-1", "c", 5),
     ];
     // Forty minutes of another lease move event time on.
-    for k in 1..=40u64 {
-        let at = t0 + k as i64 * 60_000;
-        history.push(acquired(at, "filler", "f", k));
-        history.push(released(at + 1_000, "filler", "f", k));
-    }
+    history.extend(filler(t0, 40));
     produce(&producer, "leases", &history).await;
 
     // The overlap of unmade-1 alerts; then the audit settles past both
@@ -1608,11 +1618,7 @@ async fn another_process_answers_from_the_stored_rows_and_their_context() {
         released(later + 1_000, "write-1", "b", 8),
     ];
     // An hour of another lease moves event time past the settle cutoff.
-    for k in 1..=60u64 {
-        let at = t0 + k as i64 * 60_000;
-        history.push(acquired(at, "filler", "f", k));
-        history.push(released(at + 1_000, "filler", "f", k));
-    }
+    history.extend(filler(t0, 60));
     produce(&producer, "leases", &history).await;
 
     let lake = dir.path().join("lake");
