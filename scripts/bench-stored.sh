@@ -14,7 +14,7 @@
 #   EVENTS  size of the history (default 10000000; the fleet emits about
 #           29,000 events per second of event time)
 #   WINDOW  audit.event_window of the writer and the readers (default 1m)
-#   ROUNDS  timed runs of each reader (default 5)
+#   ROUNDS  timed runs of each reader (default 5; 0 builds the lake only)
 #   LAKE    where the lake is built once and kept
 #           (default target/bench-stored-EVENTS-WINDOW)
 set -euo pipefail
@@ -77,13 +77,18 @@ if [ ! -d "$lake/lease_events/_delta_log" ]; then
     kill -0 "$serve_pid" 2>/dev/null || { tail -50 "$work/serve.log"; exit 1; }
     sleep 1
   done
+  awk '/VmHWM/ {printf "serve --ingest peak RSS: %d MiB\n", $2 / 1024}' "/proc/$serve_pid/status"
   kill -TERM "$serve_pid"
   wait "$serve_pid" || true
   serve_pid=
   echo "lake built by serve --ingest in $(echo "$(date +%s.%N) - $start" | bc) s"
   grep -c "stored the audit's settled rows" "$work/serve.log" | sed 's/^/store commits: /'
   grep "settled the audit" "$work/serve.log" | tail -1
+  grep "settled the audit" "$work/serve.log" | sed 's/.*events_held=//' | sort -n | tail -1 |
+    sed 's/^/most events held after a settle: /'
   kill "$tansu_pid"
 fi
+# ROUNDS 0 builds the lake only.
+[ "$rounds" -gt 0 ] || exit 0
 python3 scripts/bench_stored.py "$bin" "$lake" "$cfg" "$rounds"
 LEASELINE_CONFIG=$cfg python3 scripts/bench_timeline.py "$bin" "$lake" "$rounds" 0
