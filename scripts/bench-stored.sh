@@ -82,7 +82,7 @@ if [ ! -d "$lake/lease_events/_delta_log" ]; then
   wait "$serve_pid" || true
   serve_pid=
   echo "lake built by serve --ingest in $(echo "$(date +%s.%N) - $start" | bc) s"
-  grep -c "stored the audit's settled rows" "$work/serve.log" | sed 's/^/store commits: /'
+  { grep -c "stored the audit's settled rows" "$work/serve.log" || true; } | sed 's/^/store commits: /'
   grep "settled the audit" "$work/serve.log" | tail -1
   grep "settled the audit" "$work/serve.log" | sed 's/.*events_held=//' | sort -n | tail -1 |
     sed 's/^/most events held after a settle: /'
