@@ -130,6 +130,33 @@ pub struct Settled {
     pub context: Vec<LeaseEvent<'static>>,
 }
 
+/// Runs `f` on every lease state (with its index) on `threads` threads:
+/// leases share nothing but read-only tables, so workers take runs of
+/// leases from a shared cursor until none are left, each with its own
+/// scratch.
+fn in_runs<F>(states: &mut [LeaseState], threads: usize, f: F)
+where
+    F: Fn(usize, &mut LeaseState, &mut Scratch) + Sync,
+{
+    let runs = std::sync::Mutex::new(states.chunks_mut(PARALLEL_RUN_LEASES).enumerate());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                let mut scratch = Scratch::default();
+                loop {
+                    let Some((run, states)) = runs.lock().unwrap_or_else(|e| e.into_inner()).next()
+                    else {
+                        break;
+                    };
+                    for (i, state) in states.iter_mut().enumerate() {
+                        f(run * PARALLEL_RUN_LEASES + i, state, &mut scratch);
+                    }
+                }
+            });
+        }
+    });
+}
+
 impl Default for Auditor {
     fn default() -> Self {
         Auditor::new(AuditConfig::default())
@@ -450,26 +477,12 @@ impl Auditor {
         }
     }
 
-    /// Leases share nothing but the read-only string tables, so a big
-    /// refresh (a lake audited from scratch) uses every core: workers take
-    /// runs of leases from a shared cursor until none are left.
+    /// A big refresh (a lake audited from scratch) uses every core.
     fn recompute_parallel(&mut self, threads: usize) {
         let (strings, ids, tol) = (&self.strings, &self.ids, self.tol);
-        let runs = std::sync::Mutex::new(self.states.chunks_mut(PARALLEL_RUN_LEASES));
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                scope.spawn(|| {
-                    let mut scratch = Scratch::default();
-                    loop {
-                        let Some(run) = runs.lock().unwrap_or_else(|e| e.into_inner()).next()
-                        else {
-                            break;
-                        };
-                        for state in run.iter_mut().filter(|s| s.dirty) {
-                            state.recompute(strings, ids, tol, &mut scratch);
-                        }
-                    }
-                });
+        in_runs(&mut self.states, threads, |_, state, scratch| {
+            if state.dirty {
+                state.recompute(strings, ids, tol, scratch);
             }
         });
     }
@@ -761,34 +774,14 @@ impl Auditor {
         }
         let (strings, ids, tol) = (&self.strings, &self.ids, self.tol);
         let failed = std::sync::Mutex::new(Vec::new());
-        let runs = std::sync::Mutex::new(
-            self.states
-                .chunks_mut(PARALLEL_RUN_LEASES)
-                .zip(want.chunks(PARALLEL_RUN_LEASES))
-                .enumerate(),
-        );
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                scope.spawn(|| {
-                    let mut scratch = Scratch::default();
-                    loop {
-                        let Some((run, (states, want))) =
-                            runs.lock().unwrap_or_else(|e| e.into_inner()).next()
-                        else {
-                            break;
-                        };
-                        for (i, (state, cut)) in states.iter_mut().zip(want).enumerate() {
-                            let Some(cut) = *cut else { continue };
-                            if state.cut_at(cut, strings, ids, tol, &mut scratch).is_none()
-                                && state.cut < cut
-                            {
-                                let lease = (run * PARALLEL_RUN_LEASES + i) as Sym;
-                                failed.lock().unwrap_or_else(|e| e.into_inner()).push(lease);
-                            }
-                        }
-                    }
-                });
+        in_runs(&mut self.states, threads, |lease, state, scratch| {
+            let Some(cut) = want[lease] else { return };
+            if state.cut_at(cut, strings, ids, tol, scratch).is_none() && state.cut < cut {
+                failed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(lease as Sym);
             }
         });
         let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());

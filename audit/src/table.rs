@@ -208,9 +208,9 @@ pub fn stored_batches(settled: &[Settled]) -> StoredBatches {
         .iter()
         .flat_map(|s| std::iter::repeat_n(s.cut, s.violations.len()))
         .collect();
-    let context: Vec<(leaseline_schema::LeaseEvent<'_>, i64)> = settled
+    let context: Vec<(&leaseline_schema::LeaseEvent<'_>, i64)> = settled
         .iter()
-        .flat_map(|s| s.context.iter().map(|e| (e.clone(), s.cut)))
+        .flat_map(|s| s.context.iter().map(|e| (e, s.cut)))
         .collect();
     StoredBatches {
         timeline: with_cuts(

@@ -192,7 +192,7 @@ impl AuditCache {
         let (cache, lake, m) = (self.clone(), lake.clone(), m.clone());
         tokio::spawn(async move { cache.update(&lake, &m).await })
             .await
-            .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))?
+            .map_err(joined)?
     }
 
     /// The derived tables of snapshot `m` plus `pending` rows not in it,
@@ -227,7 +227,7 @@ impl AuditCache {
             Ok(Arc::new(derive(&mut auditor, m.version)))
         })
         .await
-        .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))?
+        .map_err(joined)?
     }
 
     /// Snapshots audited from scratch rather than from the cached engine
@@ -408,7 +408,7 @@ impl LiveAudit {
             Some(t)
         })
         .await
-        .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))
+        .map_err(joined)
     }
 }
 
@@ -426,7 +426,13 @@ pub async fn audit_snapshot(lake: &Lake, m: &Manifest, config: AuditConfig) -> R
 
 /// Batches decoded ahead of the auditor: enough to keep it busy while the
 /// reader decodes the next, few enough to bound the memory in flight.
-const BATCHES_AHEAD: usize = 2;
+pub(crate) const BATCHES_AHEAD: usize = 2;
+
+/// A task of the audit's work that panicked or was cancelled, as a query
+/// error.
+pub(crate) fn joined(e: tokio::task::JoinError) -> QueryError {
+    QueryError::DataFusion(DataFusionError::External(Box::new(e)))
+}
 
 /// Rows pushed between two settles of a lake read (see
 /// [`AuditConfig::event_window`]). The events held peak at a window's
@@ -528,9 +534,7 @@ async fn push_files(
     }
     // The channel closes when the reader is done or has sent its error;
     // a reader that panicked is a bug to report, not an empty file.
-    reader
-        .await
-        .map_err(|e| QueryError::DataFusion(DataFusionError::External(Box::new(e))))?;
+    reader.await.map_err(joined)?;
     settle(auditor);
     reload_stale(auditor, lake, m, &[]).await
 }

@@ -47,7 +47,7 @@ use leaseline_schema::{EventColumns, LeaseEvent, SETTLED_BEFORE};
 
 use tracing::debug;
 
-use crate::audit::{derive, AuditTables};
+use crate::audit::{derive, joined, AuditTables, BATCHES_AHEAD};
 use crate::{QueryError, Result};
 
 /// The columns that place a `lease_events` row against its lease's cut
@@ -93,24 +93,18 @@ pub(crate) async fn from_stored(
         .collect();
     let reader_cuts = cuts.clone();
     let reader = tokio::spawn(async move {
-        // The largest offset of a Kafka partition's rows before their
-        // lease's cut: the writer's recorded position must be past it.
-        let mut settled: Settled = Vec::new();
+        // The writer's recorded position must be past these.
+        let mut settled = SettledOffsets::new();
         for path in files {
             let bytes = store.get(&path).await?;
             let (tx, cuts) = (tx.clone(), reader_cuts.clone());
-            let found = tokio::task::spawn_blocking(move || read_tail(bytes, &cuts, &tx))
+            let found = tokio::task::spawn_blocking(move || read_tail(bytes, &cuts, settled, &tx))
                 .await
                 .map_err(joined)??;
             let Some(found) = found else {
                 return Ok::<_, QueryError>(Err(path));
             };
-            for (key, offset) in found {
-                match settled.iter_mut().find(|(k, _)| *k == key) {
-                    Some((_, at)) => *at = (*at).max(offset),
-                    None => settled.push((key, offset)),
-                }
-            }
+            settled = found;
         }
         Ok(Ok(settled))
     });
@@ -185,25 +179,19 @@ pub(crate) async fn from_stored(
     Ok(Some(tables))
 }
 
-/// Largest offsets of Kafka partitions, by `(topic, partition)`.
-type Settled = Vec<((String, i32), i64)>;
-
-/// Batches read ahead of the auditor.
-const BATCHES_AHEAD: usize = 2;
-
-fn joined(e: tokio::task::JoinError) -> QueryError {
-    QueryError::DataFusion(datafusion::error::DataFusionError::External(Box::new(e)))
-}
+/// The largest offset of each Kafka partition's rows before their lease's
+/// cut, by `(topic, partition)`; partitions are few.
+type SettledOffsets = Vec<((String, i32), i64)>;
 
 /// Sends the rows of one `lease_events` file that the reader audits (at or
-/// after their lease's cut); returns the largest offset of each Kafka
-/// partition's other rows, or `None` if one has no Kafka position.
+/// after their lease's cut), and adds the file's other rows to `settled`;
+/// `None` if one of those has no Kafka position.
 fn read_tail(
     bytes: bytes::Bytes,
     cuts: &HashMap<String, i64>,
+    mut settled: SettledOffsets,
     tx: &tokio::sync::mpsc::Sender<RecordBatch>,
-) -> Result<Option<Settled>> {
-    let mut settled = Vec::new();
+) -> Result<Option<SettledOffsets>> {
     let mut keep = Vec::new();
     for batch in parquet_io::column_reader(bytes.clone(), &PLACE)? {
         let batch = batch.map_err(LakeError::from)?;
@@ -232,7 +220,7 @@ fn read_tail(
 fn place(
     batch: &RecordBatch,
     cuts: &HashMap<String, i64>,
-    settled: &mut Settled,
+    settled: &mut SettledOffsets,
     keep: &mut Vec<bool>,
 ) -> Result<bool> {
     let column = |name: &str| {

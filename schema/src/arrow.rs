@@ -80,7 +80,7 @@ pub static STORED_CONTEXT_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
 });
 
 /// `events` as `lease_context` rows, each with `cut` as `settled_before`.
-pub fn context_batch(events: &[(LeaseEvent<'_>, i64)]) -> RecordBatch {
+pub fn context_batch(events: &[(&LeaseEvent<'_>, i64)]) -> RecordBatch {
     let mut b = EventBatchBuilder::new();
     let origin = Origin::File { path: "", line: 0 };
     for (e, _) in events {
@@ -552,7 +552,7 @@ mod tests {
             r#"{"ts":1000,"kind":"acquired","source":"coordinator","lease_id":"l","holder_id":"h","fencing_token":3,"ttl_ms":5000}"#,
         )
         .unwrap();
-        let batch = context_batch(&[(e, 7)]);
+        let batch = context_batch(&[(&e, 7)]);
         assert_eq!(batch.num_rows(), 1);
         let cols = crate::EventColumns::new(&batch).unwrap();
         let back = cols.event(0).unwrap();
