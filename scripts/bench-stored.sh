@@ -73,6 +73,20 @@ if [ ! -d "$lake/lease_events/_delta_log" ]; then
     --brokers "127.0.0.1:$port" --topic stored-leases --group-id bench-stored \
     --http-listen 127.0.0.1:0 --no-pg >"$work/serve.log" 2>&1 &
   serve_pid=$!
+  # RSS against events committed, every 2 s, for the memory curve
+  # (docs/serve-rss.png is drawn from such a file by scripts/plot_rss.py).
+  rss_csv=$(realpath "$lake")/../bench-stored-$events-$window.rss.csv
+  echo "seconds,events,rss_mib" >"$rss_csv"
+  (
+    until api=$(grep -o 'HTTP API listening on http://[0-9.:]*' "$work/serve.log" | sed 's|.*http://||'); do sleep 0.2; done
+    t0=$(date +%s.%N)
+    while kill -0 "$serve_pid" 2>/dev/null; do
+      n=$(curl -s "http://$api/metrics" | awk '/^leaseline_ingest_events_total/ {s += $2} END {printf "%d", s}')
+      rss=$(awk '/VmRSS/ {printf "%d", $2 / 1024}' "/proc/$serve_pid/status" 2>/dev/null) || break
+      echo "$(echo "$(date +%s.%N) - $t0" | bc),$n,$rss" >>"$rss_csv"
+      sleep 2
+    done
+  ) &
   until [ "$(settled_ms)" -ge "$target_ms" ]; do
     kill -0 "$serve_pid" 2>/dev/null || { tail -50 "$work/serve.log"; exit 1; }
     sleep 1

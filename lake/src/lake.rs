@@ -13,6 +13,7 @@ use crate::dedup::{day_of, RecentIds};
 use crate::delta;
 use crate::error::{LakeError, Result};
 use crate::manifest::{Change, DataFile, Manifest, Table};
+use crate::merge;
 use crate::parquet_io;
 use crate::store::LakeStore;
 
@@ -672,13 +673,8 @@ impl Lake {
             }
             chunks.push(chunk);
             for chunk in chunks.into_iter().filter(|c| c.len() >= 2) {
-                let mut batches = Vec::new();
-                for f in &chunk {
-                    batches.extend(parquet_io::read_file(&self.store, &f.path).await?);
-                }
-                let merged = parquet_io::concat(table, &batches)?;
                 let level = chunk.iter().map(|f| f.level).max().unwrap_or(0) + 1;
-                let added = parquet_io::write_table(&self.store, table, &merged, level).await?;
+                let (added, rows) = self.merge(table, &chunk, level).await?;
                 let change = Change::Compact {
                     remove: chunk.iter().map(|f| f.path.clone()).collect(),
                     add: added.clone(),
@@ -704,7 +700,7 @@ impl Lake {
                     Some(m) => {
                         report.merged_files += chunk.len();
                         report.written_files += added.len();
-                        report.rows += merged.num_rows() as u64;
+                        report.rows += rows;
                         base = m;
                     }
                     None => self.discard(&added).await,
@@ -720,6 +716,66 @@ impl Lake {
             );
         }
         Ok(report)
+    }
+
+    /// Writes the rows of `chunk` (files of one table and day) as one
+    /// sorted file, merged as the inputs are decoded ([`crate::merge`]).
+    /// An input out of the table's order (none that leaseline writes) is
+    /// merged by sorting the chunk whole instead. Returns the files written,
+    /// not yet committed, and their rows.
+    async fn merge(
+        &self,
+        table: Table,
+        chunk: &[&DataFile],
+        level: u32,
+    ) -> Result<(Vec<DataFile>, u64)> {
+        let mut inputs = Vec::with_capacity(chunk.len());
+        for f in chunk {
+            inputs.push(self.store.get(&f.path).await?);
+        }
+        let merged = tokio::task::spawn_blocking(move || merge::merge_sorted(table, inputs))
+            .await
+            .map_err(|e| LakeError::Io(std::io::Error::other(e)))?;
+        match merged {
+            Ok(m) => {
+                let day = chunk[0]
+                    .path
+                    .split('/')
+                    .nth(1)
+                    .unwrap_or("date=out-of-range");
+                let path = format!(
+                    "{}/{day}/{}.parquet",
+                    table.name(),
+                    uuid::Uuid::new_v4().simple()
+                );
+                let bytes = m.bytes.len() as u64;
+                self.store.put(&path, m.bytes).await?;
+                let file = DataFile {
+                    table,
+                    path,
+                    rows: m.rows,
+                    bytes,
+                    min_ts_us: m.min_ts_us,
+                    max_ts_us: m.max_ts_us,
+                    level,
+                };
+                Ok((vec![file], m.rows))
+            }
+            Err(Err(e)) => Err(e),
+            Err(Ok(merge::Unsorted)) => {
+                warn!(%table, files = chunk.len(), "an input of a merge is not sorted; sorting them whole");
+                let mut batches = Vec::new();
+                for f in chunk {
+                    batches.extend(parquet_io::read_file(&self.store, &f.path).await?);
+                }
+                let all = parquet_io::concat(table, &batches)?;
+                let rows = all.num_rows() as u64;
+                Ok((
+                    parquet_io::write_table(&self.store, table, &all, level).await?,
+                    rows,
+                ))
+            }
+        }
     }
 
     /// Removes the `date` partitions of `lease_events` and `lease_rejects`

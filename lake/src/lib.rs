@@ -26,6 +26,7 @@ pub mod delta;
 mod error;
 mod lake;
 mod manifest;
+mod merge;
 mod migrate;
 pub mod parquet_io;
 mod pending;

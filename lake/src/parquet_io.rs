@@ -38,7 +38,7 @@ pub fn schema_of(table: Table) -> arrow::datatypes::SchemaRef {
 
 /// `batch`'s columns cast to `schema`'s types (which name the same
 /// columns in the same order).
-fn cast_to(
+pub(crate) fn cast_to(
     batch: &RecordBatch,
     schema: arrow::datatypes::SchemaRef,
 ) -> Result<RecordBatch, arrow::error::ArrowError> {
@@ -101,7 +101,7 @@ pub fn from_storage(batch: RecordBatch) -> Result<RecordBatch, arrow::error::Arr
     )
 }
 
-fn writer_properties(table: Table) -> WriterProperties {
+pub(crate) fn writer_properties(table: Table) -> WriterProperties {
     let builder = match table {
         // Lookups of one event (is this id in the lake?) skip row groups
         // that cannot hold it.
@@ -123,14 +123,11 @@ fn writer_properties(table: Table) -> WriterProperties {
         .build()
 }
 
-/// Sorts a batch the way files are laid out: events by `(lease_id, ts)`,
-/// so one lease's history is contiguous and row-group statistics prune
-/// lookups of one lease; rejects by arrival.
-pub fn sort_for_table(table: Table, batch: &RecordBatch) -> Result<RecordBatch> {
-    if batch.num_rows() <= 1 {
-        return Ok(batch.clone());
-    }
-    let names: &[&str] = match table {
+/// The columns files are sorted by: events by `(lease_id, ts)`, so one
+/// lease's history is contiguous and row-group statistics prune lookups of
+/// one lease; rejects by arrival.
+pub(crate) fn sort_columns(table: Table) -> &'static [&'static str] {
+    match table {
         Table::LeaseEvents => &[
             "lease_id",
             "ts",
@@ -150,8 +147,15 @@ pub fn sort_for_table(table: Table, batch: &RecordBatch) -> Result<RecordBatch> 
         Table::LeaseTimeline => &["lease_id", "acquired_at", "fencing_token"],
         Table::LeaseViolations => &["lease_id", "at", "kind", "fencing_token"],
         Table::LeaseContext => &["lease_id", "ts"],
-    };
-    let cols: Vec<SortColumn> = names
+    }
+}
+
+/// Sorts a batch the way files are laid out ([`sort_columns`]).
+pub fn sort_for_table(table: Table, batch: &RecordBatch) -> Result<RecordBatch> {
+    if batch.num_rows() <= 1 {
+        return Ok(batch.clone());
+    }
+    let cols: Vec<SortColumn> = sort_columns(table)
         .iter()
         .map(|n| SortColumn {
             values: batch.column_by_name(n).expect("table column").clone(),
