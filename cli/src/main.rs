@@ -7,6 +7,14 @@
 //! comes from defaults, then `--config FILE`, then environment variables
 //! and flags (`leaseline help <command>` lists them).
 
+/// jemalloc rather than glibc's malloc: a long-running `serve --ingest`
+/// settles its audit, stores rows and compacts files in transient bursts of
+/// allocation, and glibc kept those peaks resident (BENCHMARKS.md, "Memory
+/// of a long-running ingester"); jemalloc hands freed pages back.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod alerting;
 mod check;
 mod config;
