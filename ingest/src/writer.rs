@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use arrow::array::{AsArray, RecordBatch};
 use leaseline_lake::{
-    day_of, origin_key, parquet_io, Change, DataFile, KafkaRange, Lake, LakeError, Manifest,
+    origin_key, parquet_io, slot_of, Change, DataFile, KafkaRange, Lake, LakeError, Manifest,
     Origins, PendingRows, PendingSnapshot, RecentIds, Seen, Table,
 };
 use leaseline_schema::{decode, DecodeError, EventBatchBuilder, Origin, RejectBatchBuilder};
@@ -65,13 +65,13 @@ pub struct LakeWriter {
     /// Shared with the pending rows' readers, who read exactly this
     /// snapshot plus the rows.
     manifest: Arc<Manifest>,
-    /// Files the writer has seen (their ids are in `seen` if their day is
-    /// resident).
+    /// Files the writer has seen (their ids are in `seen` if their minute
+    /// is resident).
     known_files: HashSet<String>,
-    /// Ids of the recent days (see [`RecentIds`]).
+    /// Ids of the newest minutes of event time (see [`RecentIds`]).
     seen: RecentIds,
-    /// Ids of buffered events whose day is older than `seen` holds, by
-    /// day: checked against the lake when the buffer is committed.
+    /// Ids of buffered events whose minute is older than `seen` holds, by
+    /// minute: checked against the lake when the buffer is committed.
     late: BTreeMap<i32, HashSet<String>>,
     /// [`origin_key`]s of the rejects in `known_files`
     /// and in the buffer: a file imported again, or a topic read again by
@@ -103,12 +103,12 @@ fn now_us() -> i64 {
 
 impl LakeWriter {
     /// Opens a writer on the lake's newest version, loading the
-    /// `event_id`s of its recent days ([`RecentIds`]).
+    /// `event_id`s of its newest minutes ([`RecentIds`]).
     pub async fn open(lake: Lake) -> Result<Self> {
         let manifest = lake.latest().await?;
         let newest = manifest
             .files_of(Table::LeaseEvents)
-            .map(|f| day_of(f.min_ts_us))
+            .map(|f| slot_of(f.max_ts_us))
             .max();
         let mut seen = RecentIds::starting_at(newest);
         let files: Vec<&DataFile> = manifest.files.iter().collect();
@@ -120,7 +120,7 @@ impl LakeWriter {
             version = manifest.version,
             files = manifest.files.len(),
             event_ids = seen.len(),
-            days = seen.resident_days(),
+            minutes = seen.resident_slots(),
             "opened lake"
         );
         Ok(LakeWriter {
@@ -213,7 +213,8 @@ impl LakeWriter {
     }
 
     /// The `event_id`s held in memory for de-duplication, and the first
-    /// day they cover (days since 1970-01-01; `None` while every day is).
+    /// minute they cover (minutes since 1970-01-01; `None` while every
+    /// minute is).
     pub fn ids_in_memory(&self) -> (usize, Option<i32>) {
         (self.seen.len(), self.seen.cutoff())
     }
@@ -265,12 +266,12 @@ impl LakeWriter {
             Ok(ev) => {
                 let fresh = match ev.event_id.as_deref() {
                     Some(id) if !id.is_empty() => {
-                        let day = day_of(ev.ts_us);
-                        match self.seen.insert(day, id) {
+                        let slot = slot_of(ev.ts_us);
+                        match self.seen.insert(slot, id) {
                             Seen::New => true,
                             Seen::Duplicate => false,
                             Seen::Unknown => {
-                                self.late.entry(day).or_default().insert(id.to_string())
+                                self.late.entry(slot).or_default().insert(id.to_string())
                             }
                         }
                     }
@@ -526,7 +527,7 @@ impl LakeWriter {
                     self.manifest = Arc::new(m);
                     // The late ids are in the lake now, where the next
                     // late duplicate is looked up; the buffer's recent ids
-                    // are committed, so days may leave memory.
+                    // are committed, so minutes may leave memory.
                     self.late.clear();
                     self.seen.evict();
                     debug!(
@@ -632,9 +633,9 @@ impl LakeWriter {
         Ok(kept)
     }
 
-    /// Drops the buffered events of days no longer in memory whose ids the
-    /// lake already holds: each day's ids are looked up in that day's
-    /// files ([`Lake::find_event_ids`]).
+    /// Drops the buffered events of minutes no longer in memory whose ids
+    /// the lake already holds: each minute's ids are looked up in the files
+    /// whose events span that minute ([`Lake::find_event_ids`]).
     async fn drop_late_duplicates(&mut self, events: RecordBatch) -> Result<RecordBatch> {
         if self.late.is_empty() {
             return Ok(events);
@@ -643,10 +644,10 @@ impl LakeWriter {
         // replaced (and vacuum deleted) the day's files since.
         let latest = self.lake.latest().await?;
         let mut found: HashSet<String> = HashSet::new();
-        for (day, ids) in &self.late {
+        for (slot, ids) in &self.late {
             let files: Vec<&DataFile> = latest
                 .files_of(Table::LeaseEvents)
-                .filter(|f| day_of(f.min_ts_us) == *day)
+                .filter(|f| (slot_of(f.min_ts_us)..=slot_of(f.max_ts_us)).contains(slot))
                 .collect();
             let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
             found.extend(self.lake.find_event_ids(&files, &ids).await?);
@@ -654,7 +655,7 @@ impl LakeWriter {
         debug!(
             late = self.late.values().map(HashSet::len).sum::<usize>(),
             duplicates = found.len(),
-            "checked events of days not in memory against the lake"
+            "checked events of minutes not in memory against the lake"
         );
         if found.is_empty() {
             return Ok(events);

@@ -283,13 +283,16 @@ async fn event_ids(lake: &Lake) -> Vec<String> {
     ids
 }
 
-fn day_number(day: &str) -> i32 {
-    let d = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").unwrap();
-    (d - chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap()).num_days() as i32
+/// The first minute in memory once `event_on(day, _)` is the newest event:
+/// the minutes of the three days up to it.
+fn window_start(day: &str) -> i32 {
+    let t = chrono::DateTime::parse_from_rfc3339(&format!("{day}T10:00:00Z")).unwrap();
+    leaseline_lake::slot_of(t.timestamp_micros()) + 1 - leaseline_lake::MAX_RESIDENT_SLOTS
 }
 
-/// Memory holds the ids of the newest day and the two before it; a
-/// duplicate of an older day, days later, is found in that day's files.
+/// Memory holds the ids of the newest three days of minutes at most; a
+/// duplicate of an older minute, days later, is found in the files that
+/// span it.
 #[tokio::test]
 async fn a_duplicate_days_after_its_original_left_memory_is_still_dropped() {
     let dir = tempfile::tempdir().unwrap();
@@ -307,13 +310,13 @@ async fn a_duplicate_days_after_its_original_left_memory_is_still_dropped() {
         );
     }
     w.flush().await.unwrap();
-    assert_eq!(w.ids_in_memory(), (50, Some(day_number("2026-08-30"))));
+    assert_eq!(w.ids_in_memory(), (50, Some(window_start("2026-09-01"))));
     // Five days on: 2026-09-01 leaves memory.
     for i in 0..10 {
         push(&mut w, event_on("2026-09-06", &format!("new-{i}")));
     }
     w.flush().await.unwrap();
-    assert_eq!(w.ids_in_memory(), (10, Some(day_number("2026-09-04"))));
+    assert_eq!(w.ids_in_memory(), (10, Some(window_start("2026-09-06"))));
 
     // Redelivered a week later: unknown to memory when pushed, found in
     // the lake at the commit. Twice in one buffer, and a genuinely new
@@ -329,14 +332,14 @@ async fn a_duplicate_days_after_its_original_left_memory_is_still_dropped() {
     assert_eq!(report.events, 1);
     assert_eq!(w.stats().duplicates - before, 2);
     assert_eq!(event_ids(&lake).await.len(), 61);
-    // Memory still holds only the recent days.
+    // Memory still holds only the newest minutes.
     assert_eq!(w.ids_in_memory().0, 10);
 
-    // A restarted writer loads only the recent days' ids, and still drops
+    // A restarted writer loads only the newest minutes' ids, and still drops
     // the old duplicate, and the late one it committed last.
     drop(w);
     let mut w = LakeWriter::open(lake.clone()).await.unwrap();
-    assert_eq!(w.ids_in_memory(), (10, Some(day_number("2026-09-04"))));
+    assert_eq!(w.ids_in_memory(), (10, Some(window_start("2026-09-06"))));
     assert_eq!(
         w.push(&event_on("2026-09-01", "old-3"), kafka(0, 100)),
         Pushed::Event

@@ -4,9 +4,9 @@
 //! and a collision chance (about n²/2¹²⁹) that stays negligible for any lake
 //! this process can hold in memory.
 //!
-//! An ingester holds the ids of the lake's recent days only ([`RecentIds`],
-//! [`RESIDENT_DAYS`]); a day's set can still reach tens of millions of
-//! ids, so its layout is the ingester's memory: a hash table alone costs 17 bytes a slot
+//! An ingester holds the ids of the lake's newest minutes of event time
+//! only, within a budget of ids ([`RecentIds`], [`RESIDENT_IDS`]); that can
+//! still be millions of ids, so their layout is the ingester's memory: a hash table alone costs 17 bytes a slot
 //! at up to twice the slots it needs, and briefly both the old and the new
 //! table while it doubles (about 430 MiB at 10 million ids). Most ids
 //! therefore sit in a sorted vector, 16 bytes each, which grows in place,
@@ -316,51 +316,87 @@ mod tests {
     }
 
     #[test]
-    fn the_window_is_the_newest_day_and_the_two_before_once_committed() {
+    fn minutes_are_utc_minutes_also_before_1970() {
+        assert_eq!(slot_of(0), 0);
+        assert_eq!(slot_of(SLOT_US - 1), 0);
+        assert_eq!(slot_of(SLOT_US), 1);
+        assert_eq!(slot_of(-1), -1);
+    }
+
+    #[test]
+    fn the_window_is_three_days_of_minutes_once_committed() {
         let mut ids = RecentIds::new();
-        assert_eq!(ids.insert(20_000, "a"), Seen::New);
-        assert_eq!(ids.insert(20_000, "a"), Seen::Duplicate);
-        // Before anything was evicted every day is in memory, whatever
+        let t = 29_000_000;
+        assert_eq!(ids.insert(t, "a"), Seen::New);
+        assert_eq!(ids.insert(t, "a"), Seen::Duplicate);
+        // Before anything was evicted every minute is in memory, whatever
         // its age.
-        assert_eq!(ids.insert(19_000, "old"), Seen::New);
-        assert_eq!(ids.insert(20_005, "b"), Seen::New);
+        assert_eq!(ids.insert(t - 100_000, "old"), Seen::New);
+        assert_eq!(ids.insert(t + 5 * 24 * 60, "b"), Seen::New);
         // Nothing leaves memory until the caller says the buffer is
         // committed.
-        assert_eq!(ids.insert(19_000, "old"), Seen::Duplicate);
+        assert_eq!(ids.insert(t - 100_000, "old"), Seen::Duplicate);
         ids.evict();
-        assert_eq!(ids.cutoff(), Some(20_003));
+        let start = t + 5 * 24 * 60 + 1 - MAX_RESIDENT_SLOTS;
+        assert_eq!(ids.cutoff(), Some(start));
         assert_eq!(ids.len(), 1);
-        assert_eq!(ids.insert(20_000, "a"), Seen::Unknown);
-        assert_eq!(ids.insert(20_003, "c"), Seen::New);
-        // One id is one id whichever resident day it comes under.
-        assert_eq!(ids.insert(20_004, "c"), Seen::Duplicate);
+        assert_eq!(ids.insert(t, "a"), Seen::Unknown);
+        assert_eq!(ids.insert(start, "c"), Seen::New);
+        // A duplicate stamped in the next minute is still caught.
+        assert_eq!(ids.insert(start + 1, "c"), Seen::Duplicate);
         // The window never moves back.
         ids.evict();
-        assert_eq!(ids.cutoff(), Some(20_003));
+        assert_eq!(ids.cutoff(), Some(start));
     }
 
     #[test]
-    fn a_far_future_timestamp_does_not_evict_today() {
-        let today = day_of(chrono::Utc::now().timestamp_micros());
-        let mut ids = RecentIds::starting_at(Some(today));
-        assert_eq!(ids.insert(today, "now"), Seen::New);
-        assert_eq!(ids.insert(today + 365 * 30, "skewed"), Seen::New);
+    fn over_the_budget_the_oldest_minutes_leave_first() {
+        let mut ids = RecentIds::new().with_budget(10);
+        let t = 29_000_000;
+        for m in 0..5 {
+            for i in 0..4 {
+                assert_eq!(ids.insert(t + m, &format!("{m}-{i}")), Seen::New);
+            }
+        }
         ids.evict();
-        assert_eq!(ids.cutoff(), Some(today + 1 - RESIDENT_DAYS));
-        assert_eq!(ids.insert(today, "now"), Seen::Duplicate);
+        // 20 ids held: minutes go, oldest first, until at most 10 are.
+        assert_eq!(ids.cutoff(), Some(t + 3));
+        assert_eq!((ids.len(), ids.resident_slots()), (8, 2));
+        assert_eq!(ids.insert(t + 2, "2-0"), Seen::Unknown);
+        assert_eq!(ids.insert(t + 3, "3-0"), Seen::Duplicate);
+        // The newest two minutes stay, however many their ids.
+        for i in 0..50 {
+            ids.insert(t + 6, &format!("6-{i}"));
+        }
+        ids.evict();
+        assert_eq!(ids.cutoff(), Some(t + 5));
+        assert_eq!(ids.len(), 50);
     }
 
     #[test]
-    fn a_writer_opening_on_a_lake_leaves_out_the_old_days() {
-        let mut ids = RecentIds::starting_at(Some(20_010));
-        assert!(!ids.is_resident(20_007));
-        assert!(ids.is_resident(20_008));
-        ids.add(20_007, "x");
+    fn a_far_future_timestamp_does_not_evict_now() {
+        let now = slot_of(chrono::Utc::now().timestamp_micros());
+        let mut ids = RecentIds::starting_at(Some(now));
+        assert_eq!(ids.insert(now, "now"), Seen::New);
+        assert_eq!(ids.insert(now + 60 * 24 * 365 * 30, "skewed"), Seen::New);
+        ids.evict();
+        assert_eq!(ids.cutoff(), Some(now + 24 * 60 + 1 - MAX_RESIDENT_SLOTS));
+        assert_eq!(ids.insert(now, "now"), Seen::Duplicate);
+    }
+
+    #[test]
+    fn a_writer_opening_on_a_lake_leaves_out_the_old_minutes() {
+        let newest = 29_000_000;
+        let first = newest + 1 - MAX_RESIDENT_SLOTS;
+        let mut ids = RecentIds::starting_at(Some(newest));
+        assert!(!ids.is_resident(first - 1));
+        assert!(ids.is_resident(first));
+        ids.add(first - 1, "x");
         assert_eq!(ids.len(), 0);
-        assert_eq!(ids.insert(20_007, "x"), Seen::Unknown);
+        assert_eq!(ids.insert(first - 1, "x"), Seen::Unknown);
         let mut all = RecentIds::new();
-        all.add(20_007, "x");
-        all.add(20_009, "y");
+        all.add(first - 1, "x");
+        all.add(first + 1, "y");
         ids.merge(&all);
         assert_eq!(ids.len(), 1);
         assert!(ids.contains("y") && !ids.contains("x"));
@@ -424,19 +460,34 @@ mod tests {
     }
 }
 
-/// Days, counted back from the newest, whose `event_id`s an ingester keeps
-/// in memory: that day and the [`RESIDENT_DAYS`] before it.
+/// The unit of residency: the `event_id`s of one minute of event time
+/// ([`slot_of`]) are in memory together or not at all.
+pub const SLOT_US: i64 = 60_000_000;
+
+/// The most ids an ingester keeps in memory (16 bytes each in the sorted
+/// vector, 128 MiB): once over it, the oldest minutes leave memory.
 ///
-/// A duplicate carries its original's `ts`, so it belongs to the same
-/// `date` partition. Kafka redelivery, a producer's retry and an emitter
-/// replaying its spool all bring duplicates within minutes or hours of the
-/// original; three days cover those and a weekend-long outage of an
-/// emitter with memory to spare (about 16 bytes an id; a fleet of 1,000
-/// leases renewing every few seconds is some tens of millions of ids a
-/// day). An event of an older day is checked against that day's files
-/// when its batch is committed ([`crate::Lake::find_event_ids`]): exact
-/// too, and costly only for the rare event that late.
-pub const RESIDENT_DAYS: i32 = 2;
+/// A duplicate carries its original's `ts`. Kafka redelivery and a
+/// producer's retry bring duplicates within seconds or minutes of the
+/// original; an emitter replaying its spool after an outage brings them
+/// hours or days later. Keeping ids by event time, the newest first, within
+/// a budget of ids rather than of time makes memory independent of the
+/// fleet's rate and of the lake's age: a fleet of 1,000 leases (some
+/// hundreds of events a second) keeps its whole [`MAX_RESIDENT_SLOTS`];
+/// one of 20,000 leases at 29,000 events a second keeps its last five
+/// minutes. An event of a minute no longer in memory is checked against
+/// the files that span that minute when its batch is committed
+/// ([`crate::Lake::find_event_ids`], through their `event_id` bloom
+/// filters): exact too, and costly only for what arrives that late.
+pub const RESIDENT_IDS: usize = 8 << 20;
+
+/// The most minutes kept, however few their ids (three days): a lake
+/// opened after a pause loads no older ids than this.
+pub const MAX_RESIDENT_SLOTS: i32 = 3 * 24 * 60;
+
+/// Minutes kept however many their ids: the newest and the one before, so
+/// that the budget never evicts the minute being written.
+const MIN_RESIDENT_SLOTS: i32 = 2;
 
 /// Microseconds in a day.
 const DAY_US: i64 = 86_400_000_000;
@@ -446,19 +497,39 @@ pub fn day_of(ts_us: i64) -> i32 {
     ts_us.div_euclid(DAY_US) as i32
 }
 
-/// The `event_id`s of the lake's recent days, by day.
+/// The minute (since 1970-01-01, UTC) of a timestamp: the slot its id is
+/// kept under.
+pub fn slot_of(ts_us: i64) -> i32 {
+    ts_us
+        .div_euclid(SLOT_US)
+        .clamp(i32::MIN as i64, i32::MAX as i64) as i32
+}
+
+/// The `event_id`s of the lake's newest minutes of event time, by minute.
 ///
-/// Invariant: every id the lake holds for a day at or after
-/// [`RecentIds::cutoff`] is in memory (the writer loads those days' files
-/// and adds what it commits); ids of earlier days are not, and a lookup of
-/// such a day is [`Seen::Unknown`]. Ids of one day are found whichever
-/// resident day they are looked up under, so a duplicate whose `ts`
-/// differs from its original is still caught while both are resident.
-#[derive(Debug, Default)]
+/// Invariant: every id the lake holds for a minute at or after
+/// [`RecentIds::cutoff`] is in memory (the writer loads those minutes' ids
+/// from the files and adds what it commits); ids of earlier minutes are
+/// not, and a lookup of such a minute is [`Seen::Unknown`]. An id is
+/// looked up in its own minute and the two beside it, so a duplicate
+/// re-stamped within a minute of its original is still caught.
+#[derive(Debug)]
 pub struct RecentIds {
-    days: std::collections::BTreeMap<i32, EventIdSet>,
-    /// None: nothing has been evicted, every day is resident.
+    slots: std::collections::BTreeMap<i32, EventIdSet>,
+    /// None: nothing has been evicted, every minute is resident.
     cutoff: Option<i32>,
+    /// [`RESIDENT_IDS`], smaller in tests.
+    budget: usize,
+}
+
+impl Default for RecentIds {
+    fn default() -> Self {
+        RecentIds {
+            slots: Default::default(),
+            cutoff: None,
+            budget: RESIDENT_IDS,
+        }
+    }
 }
 
 /// What [`RecentIds`] knows of an id.
@@ -466,114 +537,140 @@ pub struct RecentIds {
 pub enum Seen {
     New,
     Duplicate,
-    /// Its day is no longer in memory: the lake must be asked.
+    /// Its minute is no longer in memory: the lake must be asked.
     Unknown,
 }
 
-/// The newest day a window may start from: a far-future timestamp (a
-/// skewed clock) must not evict every real day, so the newest day counts
-/// for at most tomorrow, by this machine's clock.
-fn clamp_newest(day: i32) -> i32 {
-    day.min(day_of(chrono::Utc::now().timestamp_micros()) + 1)
+/// The newest minute a window may end at: a far-future timestamp (a skewed
+/// clock) must not evict every real minute, so the newest counts for at
+/// most a day ahead of this machine's clock.
+fn clamp_newest(slot: i32) -> i32 {
+    slot.min(slot_of(chrono::Utc::now().timestamp_micros()).saturating_add(24 * 60))
 }
 
 impl RecentIds {
-    /// A set where every day is resident (nothing loaded yet).
+    /// A set where every minute is resident (nothing loaded yet).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The set of a writer opening on a lake whose newest event file is of
-    /// `newest_day`: the days before the window are not in memory.
-    pub fn starting_at(newest_day: Option<i32>) -> Self {
+    /// The set of a writer opening on a lake whose newest event is of
+    /// minute `newest`: minutes more than [`MAX_RESIDENT_SLOTS`] older are
+    /// not in memory.
+    pub fn starting_at(newest: Option<i32>) -> Self {
         RecentIds {
-            days: Default::default(),
-            cutoff: newest_day.map(|d| clamp_newest(d) - RESIDENT_DAYS),
+            cutoff: newest.map(|d| clamp_newest(d) + 1 - MAX_RESIDENT_SLOTS),
+            ..Self::default()
         }
     }
 
-    /// The first day in memory, if days before it were left out.
+    /// The same with a budget of `ids` rather than [`RESIDENT_IDS`].
+    pub fn with_budget(mut self, ids: usize) -> Self {
+        self.budget = ids;
+        self
+    }
+
+    /// The first minute in memory, if minutes before it were left out.
     pub fn cutoff(&self) -> Option<i32> {
         self.cutoff
     }
 
-    pub fn is_resident(&self, day: i32) -> bool {
-        self.cutoff.is_none_or(|c| day >= c)
+    pub fn is_resident(&self, slot: i32) -> bool {
+        self.cutoff.is_none_or(|c| slot >= c)
     }
 
+    /// Whether `event_id` is in memory under any minute (for the ids of
+    /// another writer's few new files).
     pub fn contains(&self, event_id: &str) -> bool {
-        self.holds(EventIdSet::key(event_id))
+        let key = EventIdSet::key(event_id);
+        self.slots.values().any(|s| s.contains_key(key))
     }
 
-    fn holds(&self, key: u128) -> bool {
-        self.days.values().any(|s| s.contains_key(key))
+    fn holds(&self, slot: i32, key: u128) -> bool {
+        self.slots
+            .range(slot.saturating_sub(1)..=slot.saturating_add(1))
+            .any(|(_, s)| s.contains_key(key))
     }
 
-    /// Records an id of `day`; what was known of it before.
-    pub fn insert(&mut self, day: i32, event_id: &str) -> Seen {
-        if !self.is_resident(day) {
+    /// Records an id of minute `slot`; what was known of it before.
+    pub fn insert(&mut self, slot: i32, event_id: &str) -> Seen {
+        if !self.is_resident(slot) {
             return Seen::Unknown;
         }
         let key = EventIdSet::key(event_id);
-        if self.holds(key) {
+        if self.holds(slot, key) {
             return Seen::Duplicate;
         }
-        self.days.entry(day).or_default().insert_key(key);
+        self.slots.entry(slot).or_default().insert_key(key);
         Seen::New
     }
 
-    /// Adds an id the lake holds for `day`, if the day is resident.
-    pub fn add(&mut self, day: i32, event_id: &str) {
-        if self.is_resident(day) {
-            self.days
-                .entry(day)
+    /// Adds an id the lake holds for minute `slot`, if it is resident.
+    pub fn add(&mut self, slot: i32, event_id: &str) {
+        if self.is_resident(slot) {
+            self.slots
+                .entry(slot)
                 .or_default()
                 .insert_key(EventIdSet::key(event_id));
         }
     }
 
     pub fn remove(&mut self, event_id: &str) {
-        for s in self.days.values_mut() {
+        for s in self.slots.values_mut() {
             s.remove(event_id);
         }
     }
 
-    /// Adds the resident days' ids of `other`.
+    /// Adds the resident minutes' ids of `other`.
     pub fn merge(&mut self, other: &RecentIds) {
-        for (day, ids) in &other.days {
-            if self.is_resident(*day) {
-                self.days.entry(*day).or_default().merge(ids);
+        for (slot, ids) in &other.slots {
+            if self.is_resident(*slot) {
+                self.slots.entry(*slot).or_default().merge(ids);
             }
         }
     }
 
-    /// Drops the days that fell out of the window ending at the newest
-    /// day held. Called once what was inserted is committed: a day evicted
-    /// while its ids were only in a writer's buffer would let a duplicate
-    /// of them through.
+    /// Drops the minutes older than [`MAX_RESIDENT_SLOTS`] before the
+    /// newest held, then the oldest while more than [`RESIDENT_IDS`] ids
+    /// are held. Called once what was inserted is committed: a minute
+    /// evicted while its ids were only in a writer's buffer would let a
+    /// duplicate of them through. The window never moves back.
     pub fn evict(&mut self) {
-        let Some(newest) = self.days.keys().next_back().copied() else {
+        let Some(newest) = self.slots.keys().next_back().copied() else {
             return;
         };
-        let start = clamp_newest(newest) - RESIDENT_DAYS;
+        let newest = clamp_newest(newest);
+        let mut start = newest + 1 - MAX_RESIDENT_SLOTS;
+        let mut held = self.len();
+        for (&slot, ids) in &self.slots {
+            if slot < start {
+                held -= ids.len();
+                continue;
+            }
+            if held <= self.budget || newest - slot < MIN_RESIDENT_SLOTS {
+                break;
+            }
+            held -= ids.len();
+            start = slot + 1;
+        }
         if self.cutoff.is_some_and(|c| c >= start) {
             return;
         }
         self.cutoff = Some(start);
-        self.days = self.days.split_off(&start);
+        self.slots = self.slots.split_off(&start);
     }
 
     /// Ids in memory.
     pub fn len(&self) -> usize {
-        self.days.values().map(EventIdSet::len).sum()
+        self.slots.values().map(EventIdSet::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Days in memory.
-    pub fn resident_days(&self) -> usize {
-        self.days.len()
+    /// Minutes in memory.
+    pub fn resident_slots(&self) -> usize {
+        self.slots.len()
     }
 }

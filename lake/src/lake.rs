@@ -9,7 +9,7 @@ use arrow::array::{AsArray, RecordBatch};
 use chrono::Utc;
 use tracing::{debug, info, warn};
 
-use crate::dedup::{day_of, RecentIds};
+use crate::dedup::{slot_of, RecentIds};
 use crate::delta;
 use crate::error::{LakeError, Result};
 use crate::manifest::{Change, DataFile, Manifest, Table};
@@ -349,21 +349,35 @@ impl Lake {
     }
 
     /// Adds the `event_id`s of the given event files to `ids`, those of
-    /// days `ids` keeps in memory (a file holds one `date` partition).
+    /// minutes `ids` keeps in memory. The newest files are read first and
+    /// [`RecentIds::evict`] runs after each, so that a writer opening on a
+    /// lake of a fast fleet holds its budget of ids, not days of them.
     pub async fn load_event_ids(&self, files: &[&DataFile], ids: &mut RecentIds) -> Result<()> {
-        for f in files.iter().filter(|f| f.table == Table::LeaseEvents) {
-            let day = day_of(f.min_ts_us);
-            if !ids.is_resident(day) {
+        use arrow::datatypes::TimestampMicrosecondType;
+        let mut files: Vec<&&DataFile> = files
+            .iter()
+            .filter(|f| f.table == Table::LeaseEvents)
+            .collect();
+        files.sort_by_key(|f| std::cmp::Reverse(f.max_ts_us));
+        for f in files {
+            if !ids.is_resident(slot_of(f.max_ts_us)) {
                 continue;
             }
-            for b in parquet_io::read_columns(&self.store, &f.path, &["event_id"]).await? {
-                let col = b.column(0).as_string::<i32>();
-                for id in col.iter().flatten() {
-                    if !id.is_empty() {
-                        ids.add(day, id);
+            for b in parquet_io::read_columns(&self.store, &f.path, &["event_id", "ts"]).await? {
+                let (Some(col), Some(ts)) = (b.column_by_name("event_id"), b.column_by_name("ts"))
+                else {
+                    continue;
+                };
+                let ts = ts.as_primitive::<TimestampMicrosecondType>();
+                for (id, ts) in col.as_string::<i32>().iter().zip(ts.iter()) {
+                    if let (Some(id), Some(ts)) = (id, ts) {
+                        if !id.is_empty() {
+                            ids.add(slot_of(ts), id);
+                        }
                     }
                 }
             }
+            ids.evict();
         }
         Ok(())
     }

@@ -33,8 +33,8 @@ mod pending;
 mod store;
 
 pub use crate::dedup::{
-    day_of, kafka_key, kafka_record_key, line_key, origin_key, EventIdSet, Origins, RecentIds,
-    Seen, RESIDENT_DAYS,
+    day_of, kafka_key, kafka_record_key, line_key, origin_key, slot_of, EventIdSet, Origins,
+    RecentIds, Seen, MAX_RESIDENT_SLOTS, RESIDENT_IDS,
 };
 pub use crate::error::{LakeError, Result};
 pub use crate::lake::{CompactionPolicy, CompactionReport, Lake};
