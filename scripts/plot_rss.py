@@ -5,10 +5,13 @@ lake (seconds,events,rss_mib, one row every 2 s).
 
 Usage: scripts/plot_rss.py OUT.png TITLE LABEL=FILE.csv [LABEL=FILE.csv ...]
 
-Prints, per file, the RSS at the sample nearest 10 M events and at the
-last sample, and their ratio: the benchmark's figure (BENCHMARKS.md).
+Prints, per file, the median RSS of the samples between 8 and 12 M
+events and of those in the last 4 M events, and their ratio: the
+benchmark's figure (BENCHMARKS.md). Medians, because RSS swings by a GB
+with each settle, store and compaction.
 """
 import csv
+import statistics
 import sys
 
 
@@ -30,10 +33,11 @@ def main():
         label, path = spec.split("=", 1)
         pts = load(path)
         ax.plot([e / 1e6 for e, _ in pts], [r for _, r in pts], "-", marker=".", ms=3, label=label)
-        at10 = min(pts, key=lambda p: abs(p[0] - 10_000_000))
-        last = pts[-1]
-        print("%s: %d MiB at %.2f M events, %d MiB at %.2f M events (%.2f); peak %d MiB"
-              % (label, at10[1], at10[0] / 1e6, last[1], last[0] / 1e6, last[1] / at10[1],
+        end = pts[-1][0]
+        at10 = statistics.median(r for e, r in pts if 8e6 <= e <= 12e6)
+        last = statistics.median(r for e, r in pts if e >= end - 4e6)
+        print("%s: median %d MiB at 8-12 M events, %d MiB at %.1f-%.1f M (%.2f); peak %d MiB"
+              % (label, at10, last, (end - 4e6) / 1e6, end / 1e6, last / at10,
                  max(r for _, r in pts)))
     ax.set_xlabel("events ingested (millions)")
     ax.set_ylabel("resident memory (MiB)")
