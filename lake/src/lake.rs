@@ -349,9 +349,10 @@ impl Lake {
     }
 
     /// Adds the `event_id`s of the given event files to `ids`, those of
-    /// minutes `ids` keeps in memory. The newest files are read first and
-    /// [`RecentIds::evict`] runs after each, so that a writer opening on a
-    /// lake of a fast fleet holds its budget of ids, not days of them.
+    /// minutes `ids` keeps in memory. The newest files are read first and,
+    /// for a windowed set ([`RecentIds::starting_at`]), [`RecentIds::evict`]
+    /// runs after each, so that a writer opening on a lake of a fast fleet
+    /// holds its budget of ids, not days of them.
     pub async fn load_event_ids(&self, files: &[&DataFile], ids: &mut RecentIds) -> Result<()> {
         use arrow::datatypes::TimestampMicrosecondType;
         let mut files: Vec<&&DataFile> = files
@@ -377,7 +378,12 @@ impl Lake {
                     }
                 }
             }
-            ids.evict();
+            // A set open on every minute (`RecentIds::new`, the ids of
+            // another writer's new files) keeps them all: buffered events
+            // of any age are checked against it.
+            if ids.cutoff().is_some() {
+                ids.evict();
+            }
         }
         Ok(())
     }
