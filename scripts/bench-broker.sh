@@ -1,5 +1,9 @@
 # Sourced by the benchmark scripts: a tansu broker with memory storage on a
 # free loopback port, its log in $work/tansu.log.
+#   bench_prepare MODULE...
+#                  installs tansu and the Python modules missing (each
+#                  `import_name` or `import_name=pip_name`), builds leaseline
+#                  and bench_load (release); sets $target, $bin and $work.
 #   start_broker   sets $port and $tansu_pid, returns once it accepts
 #                  connections; the caller's EXIT trap kills $tansu_pid.
 free_port() {
@@ -14,4 +18,20 @@ start_broker() {
   for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && return 0; sleep 0.1; done
   echo "tansu did not start: $(cat "$work/tansu.log")" >&2
   return 1
+}
+
+bench_prepare() {
+  export PATH="$HOME/.cargo/bin:$PATH"
+  # Debian 12 and later refuse `pip install` outside a virtualenv (PEP 668).
+  export PIP_BREAK_SYSTEM_PACKAGES=1
+  command -v tansu >/dev/null || cargo install tansu --locked --features dynostore
+  local m
+  for m in "$@"; do
+    python3 -c "import ${m%%=*}" 2>/dev/null ||
+      python3 -m pip install --quiet --disable-pip-version-check "${m#*=}"
+  done
+  cargo build --release -p leaseline --bin leaseline --example bench_load
+  target=${CARGO_TARGET_DIR:-target}
+  bin=$target/release/leaseline
+  work=$(mktemp -d)
 }

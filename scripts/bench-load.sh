@@ -23,19 +23,8 @@ topic_events=${2:-$default_events}
 pool=${LEASELINE_BENCH_POOL:-1GiB}
 out=${LEASELINE_BENCH_OUT:-target/bench-load.json}
 png=${LEASELINE_BENCH_PNG:-docs/load-test.png}
-export PATH="$HOME/.cargo/bin:$PATH"
-# Debian 12 and later refuse `pip install` outside a virtualenv (PEP 668).
-export PIP_BREAK_SYSTEM_PACKAGES=1
-command -v tansu >/dev/null || cargo install tansu --locked --features dynostore
-python3 -c "import psycopg" 2>/dev/null ||
-  python3 -m pip install --quiet --disable-pip-version-check "psycopg[binary]"
-python3 -c "import matplotlib" 2>/dev/null ||
-  python3 -m pip install --quiet --disable-pip-version-check matplotlib
-cargo build --release -p leaseline --bin leaseline --example bench_load
-target=${CARGO_TARGET_DIR:-target}
-bin=$target/release/leaseline
-work=$(mktemp -d)
 . scripts/bench-broker.sh
+bench_prepare "psycopg=psycopg[binary]" matplotlib
 trap 'kill ${tansu_pid:-} 2>/dev/null; rm -rf "$work"' EXIT
 start_broker
 

@@ -23,17 +23,8 @@ events=${1:-10000000}
 window=${2:-1m}
 rounds=${3:-5}
 lake=${4:-target/bench-stored-$events-$window}
-export PATH="$HOME/.cargo/bin:$PATH"
-# Debian 12 and later refuse `pip install` outside a virtualenv (PEP 668).
-export PIP_BREAK_SYSTEM_PACKAGES=1
-command -v tansu >/dev/null || cargo install tansu --locked --features dynostore
-python3 -c "import duckdb, deltalake, pytz" 2>/dev/null ||
-  python3 -m pip install --quiet --disable-pip-version-check duckdb deltalake pytz
-cargo build --release -p leaseline --bin leaseline --example bench_load
-target=${CARGO_TARGET_DIR:-target}
-bin=$target/release/leaseline
-work=$(mktemp -d)
 . scripts/bench-broker.sh
+bench_prepare duckdb deltalake pytz
 trap 'kill ${serve_pid:-} ${tansu_pid:-} 2>/dev/null || true; rm -rf "$work"' EXIT
 mkdir -p "$lake"
 cfg=$(realpath "$lake")/../bench-stored-$events-$window.toml

@@ -406,8 +406,8 @@ impl LakeWriter {
             .iter()
             .filter(|f| !self.known_files.contains(&f.path))
             .collect();
-        // Every day of them: our buffered events of any day are checked
-        // against them.
+        // Every minute of them: our buffered events of any minute are
+        // checked against them.
         let mut fresh = RecentIds::new();
         self.lake.load_event_ids(&unknown, &mut fresh).await?;
         let mut lines = HashSet::new();
@@ -644,13 +644,17 @@ impl LakeWriter {
         // replaced (and vacuum deleted) the day's files since.
         let latest = self.lake.latest().await?;
         let mut found: HashSet<String> = HashSet::new();
-        for (slot, ids) in &self.late {
-            let files: Vec<&DataFile> = latest
-                .files_of(Table::LeaseEvents)
-                .filter(|f| (slot_of(f.min_ts_us)..=slot_of(f.max_ts_us)).contains(slot))
+        // Each file once, with the ids of every late minute it spans: a
+        // compacted file spans a day of minutes.
+        for f in latest.files_of(Table::LeaseEvents) {
+            let ids: Vec<&str> = self
+                .late
+                .range(slot_of(f.min_ts_us)..=slot_of(f.max_ts_us))
+                .flat_map(|(_, ids)| ids.iter().map(String::as_str))
                 .collect();
-            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-            found.extend(self.lake.find_event_ids(&files, &ids).await?);
+            if !ids.is_empty() {
+                found.extend(self.lake.find_event_ids(&[f], &ids).await?);
+            }
         }
         debug!(
             late = self.late.values().map(HashSet::len).sum::<usize>(),
