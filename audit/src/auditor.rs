@@ -29,6 +29,12 @@ const PARALLEL_RUN_LEASES: usize = 256;
 /// held, so it waits until it frees at least this many.
 const MIN_ID_COMPACTION: usize = 1 << 14;
 
+/// Holder ids, backends and trace ids interned beyond twice those left
+/// after the last compaction before they are compacted too: trace ids are
+/// new with nearly every operation, and holder ids with every restart of a
+/// pod, so the table would otherwise grow with the history.
+const MIN_STRING_COMPACTION: usize = 1 << 14;
+
 /// An event's string hashes, computed ahead of its lookups.
 #[derive(Clone, Copy)]
 struct Hashes {
@@ -72,6 +78,8 @@ pub struct Auditor {
     leases: Interner,
     states: Vec<LeaseState>,
     strings: Interner,
+    /// Strings left by the last compaction of `strings`.
+    strings_kept: usize,
     ids: EventIds,
     /// Per `event_id` symbol.
     id_info: Vec<IdInfo>,
@@ -172,6 +180,7 @@ impl Auditor {
             leases: Interner::default(),
             states: Vec::new(),
             strings: Interner::default(),
+            strings_kept: 0,
             ids: EventIds::default(),
             id_info: Vec::new(),
             log: Vec::new(),
@@ -206,6 +215,13 @@ impl Auditor {
     /// and of settled ones until they are compacted away.
     pub fn ids_known(&self) -> usize {
         self.ids.len()
+    }
+
+    /// Holder ids, backends and trace ids interned: those of the events
+    /// held and of settled leases, and of settled events until they are
+    /// compacted away.
+    pub fn strings_known(&self) -> usize {
+        self.strings.len()
     }
 
     /// Events held in memory: [`Auditor::len`] less what
@@ -787,10 +803,16 @@ impl Auditor {
         let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
         for (lease, cut) in want.iter().enumerate() {
             if cut.is_some() {
-                // A cut leaves its lease marked but perhaps not listed for
-                // the next refresh: list it.
-                self.states[lease].dirty = false;
-                self.touch(lease as Sym);
+                // A cut that dropped events leaves its lease marked but
+                // perhaps not listed for the next refresh: list it. Either
+                // way its answers are new to a caller that drains changes.
+                let state = &mut self.states[lease];
+                if std::mem::take(&mut state.dirty) {
+                    self.touch(lease as Sym);
+                } else if !state.undrained {
+                    state.undrained = true;
+                    self.undrained.push(lease as Sym);
+                }
             }
         }
         for &lease in &failed {
@@ -822,6 +844,52 @@ impl Auditor {
         }
         self.ids = ids;
         self.id_info = info;
+        if self.strings.len() > 2 * self.strings_kept + MIN_STRING_COMPACTION {
+            self.compact_strings();
+        }
+    }
+
+    /// Forgets the holder ids, backends and trace ids that no event held
+    /// and no settled lease names any more. Symbols are handles within one
+    /// interner, so every holder of one is moved to the new table, and the
+    /// fingerprints of the ids kept, which hash symbols, are taken again.
+    fn compact_strings(&mut self) {
+        self.file_log();
+        let old = std::mem::take(&mut self.strings);
+        let mut strings = Interner::default();
+        let mut moved = vec![NONE; old.len()];
+        let mut to_new = |sym: Sym| {
+            if sym == NONE {
+                return NONE;
+            }
+            let slot = &mut moved[sym as usize];
+            if *slot == NONE {
+                *slot = strings.adopt(old.get(sym));
+            }
+            *slot
+        };
+        for state in &mut self.states {
+            for ev in &mut state.events {
+                ev.holder = to_new(ev.holder);
+                ev.backend = to_new(ev.backend);
+                ev.trace = to_new(ev.trace);
+            }
+            for h in &mut state.settled_holders {
+                *h = to_new(*h);
+            }
+            for (h, _) in &mut state.holders_from_cut {
+                *h = to_new(*h);
+            }
+        }
+        for state in &self.states {
+            for ev in state.events.iter().filter(|e| e.event_id != NONE) {
+                self.id_info[ev.event_id as usize].fingerprint = ev.fingerprint(strings.hasher());
+            }
+        }
+        self.strings_kept = strings.len();
+        self.strings = strings;
+        // The scratch's grants name the old symbols.
+        self.scratch = Scratch::default();
     }
 
     /// Leases whose answers are wrong until [`Auditor::reload`] replays

@@ -45,6 +45,21 @@ impl Interner {
         (sym, new)
     }
 
+    /// The symbol of `s`, keeping this very `Arc` if it is new (a
+    /// compaction moving strings to a new interner).
+    pub fn adopt(&mut self, s: &Arc<str>) -> Sym {
+        let (sym, new) = self.table.intern_hashed(s, self.table.hash(s));
+        if new {
+            self.strings.push(s.clone());
+        }
+        sym
+    }
+
+    /// Symbols given out.
+    pub fn len(&self) -> usize {
+        self.strings.len()
+    }
+
     pub fn intern_opt(&mut self, s: Option<&str>) -> Sym {
         s.map_or(NONE, |s| self.intern_hashed(s, self.table.hash(s)).0)
     }

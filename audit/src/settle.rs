@@ -211,7 +211,7 @@ impl LeaseState {
     /// Settles the lease at exactly `cut` if the events it holds allow
     /// that cut (found as [`crate::Auditor::settle`] finds one), dropping
     /// its rows from before it; returns the violations dropped. The lease
-    /// is left to be recomputed.
+    /// is left to be recomputed (`dirty`) unless the cut dropped no event.
     pub(crate) fn cut_at(
         &mut self,
         cut: i64,
@@ -231,7 +231,18 @@ impl LeaseState {
             .filter(|v| v.at < cut)
             .cloned()
             .collect();
+        // A reader of the stored rows holds only the context before the
+        // cut, so the cut keeps every event: the answers just derived from
+        // them stand, filtered at the cut, and the lease needs no second
+        // derivation (it was half of a stored read's resume).
+        let keeps_all = found.context.len() == found.index;
         self.apply_cut(found, scratch);
+        if keeps_all {
+            self.grants.retain(|g| g.grant.acquired_at >= cut);
+            self.violations.retain(|v| v.at >= cut);
+            self.holders_from_cut = holders_from(scratch, cut);
+            self.dirty = false;
+        }
         // Kept rows are before any cut, so before this one: stored.
         self.kept_grants = Vec::new();
         self.kept_violations = Vec::new();
@@ -255,10 +266,14 @@ impl LeaseState {
                 self.settled_holders.push(w.holder);
             }
         }
-        let mut kept: Vec<Ev> = cut.context.iter().map(|&i| self.events[i]).collect();
-        kept.extend_from_slice(&self.events[cut.index..]);
-        kept.shrink_to_fit();
-        self.events = kept;
+        // A cut that keeps every event before it as context (a reader of
+        // the stored rows) leaves the events as they are.
+        if cut.context.len() < cut.index {
+            let mut kept: Vec<Ev> = cut.context.iter().map(|&i| self.events[i]).collect();
+            kept.extend_from_slice(&self.events[cut.index..]);
+            kept.shrink_to_fit();
+            self.events = kept;
+        }
         self.mark_sorted();
         self.cut = cut.ts;
         self.drained.retain(|v| v.at >= cut.ts);

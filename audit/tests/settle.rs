@@ -552,6 +552,44 @@ fn memory_holds_the_unsettled_tail_not_the_history() {
 }
 
 #[test]
+fn trace_ids_of_settled_events_are_forgotten_and_the_answer_stays_whole() {
+    // Every event in its own trace, as an instrumented client sends them:
+    // the strings the audit interns would otherwise grow with the history.
+    let mut history = fleet(11, 40, 400);
+    for (i, e) in history.iter_mut().enumerate() {
+        e.trace_id = Some(Cow::Owned(format!("{i:032x}")));
+    }
+    let mut svc = Service::new();
+    let mut peak = 0;
+    for chunk in history.chunks(500) {
+        svc.feed(chunk, 120 * SEC);
+        peak = peak.max(svc.auditor.strings_known());
+    }
+    assert!(
+        peak * 3 < history.len(),
+        "strings interned at most {peak} of {} traces",
+        history.len()
+    );
+    let (grants, violations) = full(&history);
+    let mut rows: Vec<String> = svc
+        .stored
+        .values()
+        .flat_map(|r| r.0.iter().map(grant_row))
+        .collect();
+    rows.extend(svc.auditor.timeline().iter().map(grant_row));
+    rows.sort();
+    let mut expected = grants;
+    expected.sort();
+    assert_eq!(rows, expected);
+    let mut rows = svc.stored_violations();
+    rows.extend(svc.auditor.violations().iter().map(violation_row));
+    rows.sort();
+    let mut expected = violations;
+    expected.sort();
+    assert_eq!(rows, expected);
+}
+
+#[test]
 fn a_stale_write_after_the_cut_names_the_first_write_of_the_highest_token() {
     // Grant 8 is the highest before the cut; the highest token written is
     // 5, first by w1. After the cut, a write with token 4 is stale.
