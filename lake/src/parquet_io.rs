@@ -290,6 +290,42 @@ pub fn column_reader(
     Ok(reader.map(|b| b.and_then(from_storage)))
 }
 
+/// [`column_reader`] with the string columns named in `dictionary` read as
+/// `Dictionary(Int32, Utf8)`: a scan that looks each value up (a lease's
+/// cut, a Kafka topic) then does it once per distinct value of a batch
+/// rather than once per row, and no row's string is copied out.
+pub fn dictionary_reader(
+    bytes: Bytes,
+    columns: &[&str],
+    dictionary: &[&str],
+) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
+    use arrow::datatypes::{Field, Schema};
+    use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+    let meta = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())?;
+    let fields: Vec<Field> = meta
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| {
+            if dictionary.contains(&f.name().as_str()) && f.data_type() == &DataType::Utf8 {
+                let t = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+                Field::new(f.name(), t, f.is_nullable())
+            } else {
+                f.as_ref().clone()
+            }
+        })
+        .collect();
+    let options = ArrowReaderOptions::new().with_schema(Arc::new(Schema::new(fields)));
+    let meta = ArrowReaderMetadata::try_new(meta.metadata().clone(), options)?;
+    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, meta);
+    let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
+    let reader: ParquetRecordBatchReader = builder
+        .with_projection(mask)
+        .with_batch_size(64 * 1024)
+        .build()?;
+    Ok(reader.map(|b| b.and_then(from_storage)))
+}
+
 /// [`column_reader`] of the rows whose index is true in `keep` (one entry
 /// per row of the file): rows left out are skipped while decoding rather
 /// than decoded and filtered.

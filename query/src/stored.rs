@@ -27,7 +27,9 @@
 //! (decided so: it is exact, and it happens only while a late event
 //! waits for its writer, or on a lake mixing imported files with Kafka).
 //!
-//! Of each file, the lease ids, times and Kafka positions are read first;
+//! Of each file, the lease ids, times and Kafka positions are read first
+//! (the strings as dictionaries, so each distinct lease id of a batch is
+//! looked up once);
 //! only the rows from their lease's cut on are then decoded (a Parquet row
 //! selection), on a blocking thread while the audit takes the rows already
 //! read.
@@ -39,8 +41,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::{Int32Type, Int64Type, TimestampMicrosecondType};
+use arrow::array::{Array, AsArray, DictionaryArray, RecordBatch};
+use arrow::datatypes::{DataType, Int32Type, Int64Type, TimestampMicrosecondType};
 use leaseline_audit::{AuditConfig, Auditor, StoredFiles};
 use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
 use leaseline_schema::{EventColumns, LeaseEvent, SETTLED_BEFORE};
@@ -59,6 +61,10 @@ const PLACE: [&str; 5] = [
     "kafka_partition",
     "kafka_offset",
 ];
+
+/// Of [`PLACE`], the strings read as dictionaries: a batch repeats a few
+/// thousand lease ids and one topic.
+const DICTIONARY: [&str; 2] = ["lease_id", "kafka_topic"];
 
 /// The derived tables of `m` from its stored audit rows; `None` when it
 /// has none, or they do not answer for `m` (see the module docs).
@@ -193,7 +199,7 @@ fn read_tail(
     tx: &tokio::sync::mpsc::Sender<RecordBatch>,
 ) -> Result<Option<SettledOffsets>> {
     let mut keep = Vec::new();
-    for batch in parquet_io::column_reader(bytes.clone(), &PLACE)? {
+    for batch in parquet_io::dictionary_reader(bytes.clone(), &PLACE, &DICTIONARY)? {
         let batch = batch.map_err(LakeError::from)?;
         if !place(&batch, cuts, &mut settled, &mut keep)? {
             return Ok(None);
@@ -228,22 +234,56 @@ fn place(
             .column_by_name(name)
             .ok_or_else(|| LakeError::Delta(format!("lease_events lacks {name}")))
     };
-    let ids = column("lease_id")?.as_string::<i32>();
+    // Read as dictionaries (`DICTIONARY`); another writer's file may
+    // hold plain strings.
+    let dictionary = |name: &str| -> Result<DictionaryArray<Int32Type>> {
+        let c = column(name)?;
+        Ok(match c.as_dictionary_opt::<Int32Type>() {
+            Some(d) => d.clone(),
+            None => {
+                let t = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+                arrow::compute::cast(c, &t)
+                    .map_err(LakeError::from)?
+                    .as_dictionary::<Int32Type>()
+                    .clone()
+            }
+        })
+    };
+    let ids = dictionary("lease_id")?;
     let ts = column("ts")?.as_primitive::<TimestampMicrosecondType>();
-    let topic = column("kafka_topic")?.as_string::<i32>();
+    let topic = dictionary("kafka_topic")?;
     let partition = column("kafka_partition")?.as_primitive::<Int32Type>();
     let offset = column("kafka_offset")?.as_primitive::<Int64Type>();
+    // Each distinct lease id of the batch is looked up once: its cut, or
+    // none (every row of a lease with no stored rows is audited).
+    let names = ids.values().as_string::<i32>();
+    let cut_of: Vec<Option<i64>> = (0..names.len())
+        .map(|k| {
+            (!names.is_null(k))
+                .then(|| cuts.get(names.value(k)).copied())
+                .flatten()
+        })
+        .collect();
+    let topics = topic.values().as_string::<i32>();
+    let (id_keys, topic_keys) = (ids.keys(), topic.keys());
     for i in 0..batch.num_rows() {
-        let audited = cuts.get(ids.value(i)).is_none_or(|&cut| ts.value(i) >= cut);
+        let cut = if ids.is_null(i) {
+            None
+        } else {
+            cut_of[id_keys.value(i) as usize]
+        };
+        let audited = cut.is_none_or(|cut| ts.value(i) >= cut);
         keep.push(audited);
         if audited {
             continue;
         }
-        if topic.is_null(i) || partition.is_null(i) || offset.is_null(i) {
+        let t = topic_keys.value(i) as usize;
+        if topic.is_null(i) || topics.is_null(t) || partition.is_null(i) || offset.is_null(i) {
             return Ok(false);
         }
         // Partitions are few: a scan beats hashing a key per row.
-        let (t, p, o) = (topic.value(i), partition.value(i), offset.value(i));
+        let t = topics.value(t);
+        let (p, o) = (partition.value(i), offset.value(i));
         match settled.iter_mut().find(|((st, sp), _)| st == t && *sp == p) {
             Some((_, at)) => *at = (*at).max(o),
             None => settled.push(((t.to_string(), p), o)),
