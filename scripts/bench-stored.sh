@@ -10,6 +10,9 @@
 # lake with `audit.read_stored` true and false, and
 # scripts/bench_timeline.py compares lease_timeline with DuckDB.
 #
+# serve's log and its RSS samples are kept next to the lake, as
+# bench-stored-EVENTS-WINDOW.serve.log and .rss.csv.
+#
 # Usage: scripts/bench-stored.sh [EVENTS] [WINDOW] [ROUNDS] [LAKE]
 #   EVENTS  size of the history (default 10000000; the fleet emits about
 #           29,000 events per second of event time)
@@ -86,6 +89,9 @@ if [ ! -d "$lake/lease_events/_delta_log" ]; then
   kill -TERM "$serve_pid"
   wait "$serve_pid" || true
   serve_pid=
+  # Kept beside the samples: each settle's line gives the events the audit
+  # held then, to read against the RSS curve.
+  cp "$work/serve.log" "$(realpath "$lake")/../bench-stored-$events-$window.serve.log"
   echo "lake built by serve --ingest in $(echo "$(date +%s.%N) - $start" | bc) s"
   { grep -c "stored the audit's settled rows" "$work/serve.log" || true; } | sed 's/^/store commits: /'
   grep "settled the audit" "$work/serve.log" | tail -1
