@@ -50,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use arrow::datatypes::{Int32Type, Int64Type};
+use leaseline_audit::window::HeldWindow;
 use leaseline_lake::{Lake, Manifest, Table};
 use leaseline_schema::EventColumns;
 use tracing::{error, info};
@@ -70,7 +71,9 @@ const REREAD_ROWS: u64 = 262_144;
 /// When the engine's audit settles.
 #[derive(Debug, Clone)]
 pub struct Settling {
-    after_us: i64,
+    /// How far behind the clock: the configured window, narrowed while it
+    /// holds more events than the budget.
+    window: HeldWindow,
     /// The next cutoff to settle at.
     next: i64,
     /// Leases re-audited from the lake, for the report.
@@ -116,11 +119,12 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 impl Settling {
-    /// Settles what is `after` older than the clock; none for zero.
-    pub fn new(after: Duration) -> Option<Settling> {
-        let after_us = i64::try_from(after.as_micros()).unwrap_or(i64::MAX);
-        (after_us > 0).then_some(Settling {
-            after_us,
+    /// Settles what is `after` older than the clock, or less while that
+    /// holds more than `max_held` events (none for zero); none for a zero
+    /// `after`.
+    pub fn new(after: Duration, max_held: usize) -> Option<Settling> {
+        HeldWindow::new(after, max_held).map(|window| Settling {
+            window,
             next: i64::MIN,
             reloads: 0,
             pending: Vec::new(),
@@ -133,11 +137,37 @@ impl Settling {
 
     /// The cutoff to settle at when the clock reads `now`, if it is time.
     fn due(&mut self, now: i64) -> Option<i64> {
-        let cutoff = now.saturating_sub(self.after_us);
-        (cutoff >= self.next).then(|| {
-            self.next = cutoff.saturating_add((self.after_us / 2).max(1));
-            cutoff
-        })
+        let cutoff = now.saturating_sub(self.window.width_us());
+        (cutoff >= self.next).then(|| self.settling_at(cutoff))
+    }
+
+    /// Settles at `cutoff` now; the next settle is half a window later.
+    fn settling_at(&mut self, cutoff: i64) -> i64 {
+        self.next = cutoff.saturating_add((self.window.width_us() / 2).max(1));
+        cutoff
+    }
+
+    /// Settles with `settle` at `cutoff`, then again at a narrower window
+    /// behind `now` while the events held are over the budget; returns
+    /// what the settles returned, summed, and the last cutoff.
+    fn settle_within_budget(
+        &mut self,
+        engine: &mut AlertEngine,
+        now: i64,
+        mut cutoff: i64,
+        settle: fn(&mut AlertEngine, i64) -> usize,
+    ) -> (usize, i64) {
+        let mut settled = settle(engine, cutoff);
+        while self.window.settled(engine.held_events()) {
+            cutoff = self.settling_at(now.saturating_sub(self.window.width_us()));
+            settled += settle(engine, cutoff);
+            info!(
+                window = %humantime::format_duration(Duration::from_micros(self.window.width_us() as u64)),
+                events_held = engine.held_events(),
+                "the audit's window held more events than audit.max_events_held: narrowed"
+            );
+        }
+        (settled, cutoff)
     }
 
     /// A replay's: settles when due, dropping the rows, after the engine
@@ -147,7 +177,7 @@ impl Settling {
             return;
         };
         if let Some(cutoff) = self.due(newest) {
-            engine.settle(cutoff);
+            self.settle_within_budget(engine, newest, cutoff, AlertEngine::settle);
         }
     }
 
@@ -182,7 +212,12 @@ impl Settling {
         let watermark = engine.watermark();
         if watermark > i64::MIN {
             if let Some(cutoff) = self.due(watermark) {
-                let grants = engine.settle_keeping(cutoff);
+                let (grants, cutoff) = self.settle_within_budget(
+                    engine,
+                    watermark,
+                    cutoff,
+                    AlertEngine::settle_keeping,
+                );
                 info!(
                     before = %crate::text::fmt_ts(cutoff),
                     grants,

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use leaseline_alerts::{Alert, AlertEngine, AlertName, AlertState, AlertsConfig};
+use leaseline_alerts::{Alert, AlertEngine, AlertName, AlertState, AlertsConfig, Settling};
 use leaseline_audit::AuditConfig;
 use leaseline_schema::{decode_str, LeaseEvent};
 use rand::rngs::StdRng;
@@ -559,4 +559,70 @@ fn a_replay_whose_audit_settles_fires_the_alerts_of_one_that_keeps_everything() 
         }
     }
     assert!(reloads > 0, "no late event made a lease stale");
+}
+
+/// A replay through `Settling` (as `import` runs it) with a window of
+/// `window` and a budget of `budget` events held: its changes and the most
+/// events held after a step, past the first third of the input.
+fn replay_settling(
+    order: &[LeaseEvent<'static>],
+    window: Duration,
+    budget: usize,
+) -> (Vec<String>, usize) {
+    let mut settling = Settling::new(window, budget).unwrap();
+    let mut e = engine();
+    let mut lake: Vec<LeaseEvent<'static>> = Vec::new();
+    let mut peak = 0;
+    for (i, ev) in order.iter().enumerate() {
+        assert!(e.push(ev));
+        lake.push(ev.clone());
+        reload_stale(&mut e, &lake);
+        if i % 25 == 0 {
+            settling.step(&mut e);
+            // Past the first settles, which find the window full.
+            if i >= order.len() / 3 {
+                peak = peak.max(e.held_events());
+            }
+        }
+    }
+    reload_stale(&mut e, &lake);
+    e.finish_replay();
+    let mut changes: Vec<String> = e
+        .take_changes()
+        .iter()
+        .map(|a| {
+            format!(
+                "{:?} {:?} {} {:?}",
+                a.state,
+                a.labels(),
+                a.starts_at,
+                a.ends_at
+            )
+        })
+        .collect();
+    changes.sort();
+    (changes, peak)
+}
+
+#[test]
+fn an_audit_over_its_budget_of_events_narrows_its_window_and_fires_the_same_alerts() {
+    for seed in 0..4 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let in_order = history(&mut rng);
+        let (whole, _, _) = replay(&in_order, None, false);
+        let window = Duration::from_secs(60);
+        let (wide, wide_peak) = replay_settling(&in_order, window, 0);
+        // A budget of a quarter of what the window holds at its fullest.
+        let budget = wide_peak / 4;
+        let (narrowed, peak) = replay_settling(&in_order, window, budget);
+        assert_eq!(whole, wide, "seed {seed}: the window alone");
+        assert_eq!(whole, narrowed, "seed {seed}: the window narrowed");
+        // Each lease keeps its open grant and the grant later ones are
+        // judged against whatever the window (20 leases here), so the
+        // budget bounds what the window adds to those, not them.
+        assert!(
+            peak * 2 < wide_peak,
+            "seed {seed}: held {peak} after a step against a budget of {budget}; the window alone held {wide_peak}"
+        );
+    }
 }

@@ -25,6 +25,11 @@ pub struct AuditConfig {
     /// 10 min.
     #[serde(with = "humantime_serde")]
     pub event_window: Duration,
+    /// At most this many events held by a long-running audit
+    /// (`serve --ingest`, `import`): while `event_window` holds more, the
+    /// window narrows (see `audit/src/window.rs`). `0` sets no bound.
+    /// Default 4,000,000.
+    pub max_events_held: usize,
     /// Whether SQL answers `lease_timeline` and `lease_violations` from
     /// the rows `serve --ingest` stored in the lake, auditing only what
     /// has not settled, when those rows answer for the snapshot read.
@@ -39,6 +44,7 @@ impl Default for AuditConfig {
             late_fence_tolerance: Duration::from_millis(50),
             clock_skew_tolerance: Duration::from_millis(250),
             event_window: Duration::from_secs(600),
+            max_events_held: 4_000_000,
             read_stored: true,
         }
     }

@@ -141,6 +141,7 @@ mod strtab;
 pub mod table;
 mod text;
 mod violation;
+pub mod window;
 
 pub use crate::auditor::{Auditor, Settled, StoredFiles};
 pub use crate::config::AuditConfig;

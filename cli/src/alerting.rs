@@ -214,7 +214,8 @@ pub fn start_live(
     );
     // The audit SQL reads keeps `audit.event_window` as events, as it does
     // when it reads a lake.
-    let settling = leaseline_alerts::Settling::new(cfg.audit.event_window);
+    let settling =
+        leaseline_alerts::Settling::new(cfg.audit.event_window, cfg.audit.max_events_held);
     let task = tokio::spawn(live::run(engine, rx, notifier, lake, settling));
     Ok((fanout, task))
 }
@@ -230,7 +231,8 @@ pub fn replay_fanout(
 ) -> (Fanout, tokio::task::JoinHandle<anyhow::Result<AlertEngine>>) {
     let (fanout, mut rx) = Fanout::channel(FANOUT_BATCHES);
     let mut engine = AlertEngine::new(cfg.alerts.clone(), cfg.audit, None);
-    let mut settling = leaseline_alerts::Settling::new(cfg.alerts.replay_audit_window);
+    let mut settling =
+        leaseline_alerts::Settling::new(cfg.alerts.replay_audit_window, cfg.audit.max_events_held);
     // A replay needs no partitions: the end of the input closes the
     // lateness window (`AlertEngine::finish_replay`).
     let task = tokio::spawn(async move {

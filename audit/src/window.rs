@@ -1,0 +1,122 @@
+//! How much event time a long-running audit keeps as events: its
+//! configured window, narrowed while that window holds more events than
+//! its budget.
+//!
+//! A window of event time costs memory in proportion to the fleet's event
+//! rate: ten minutes of a fleet of 20,000 leases renewing every two seconds
+//! is some 17 M events, and a backlog read at catch-up can hold more. So
+//! the window is also bounded by a number of events held
+//! ([`crate::AuditConfig::max_events_held`]).
+//!
+//! The rule ([`HeldWindow::settled`], a pure step):
+//! - after a settle that leaves more events held than the budget, the
+//!   window halves (down to [`MIN_WIDTH_US`]) and the caller settles again
+//!   at once at the narrower cutoff;
+//! - after a settle that leaves fewer than half the budget, the window
+//!   doubles, up to the configured width;
+//! - otherwise it stays.
+//!
+//! Narrowing never costs exactness: an event older than what its lease let
+//! go of makes the lease stale, and the lease is audited again from the
+//! lake (`settle.rs`). It costs those re-reads when events come later than
+//! the narrowed window, and a reader of the stored rows has less to audit.
+
+use std::time::Duration;
+
+/// The narrowest window: below it, a fleet's renewals straddle every cut.
+pub const MIN_WIDTH_US: i64 = 1_000_000;
+
+/// The event time kept as events, behind the audit's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldWindow {
+    configured_us: i64,
+    width_us: i64,
+    budget: usize,
+}
+
+impl HeldWindow {
+    /// `window` as configured (none for zero: everything is kept) and the
+    /// budget of events held (zero: no budget).
+    pub fn new(window: Duration, budget: usize) -> Option<HeldWindow> {
+        let us = i64::try_from(window.as_micros()).unwrap_or(i64::MAX);
+        (us > 0).then_some(HeldWindow {
+            configured_us: us,
+            width_us: us,
+            budget,
+        })
+    }
+
+    /// The width now, in microseconds.
+    pub fn width_us(&self) -> i64 {
+        self.width_us
+    }
+
+    /// After a settle that left `held` events: true when the window was
+    /// narrowed and the caller should settle again at the new width.
+    pub fn settled(&mut self, held: usize) -> bool {
+        if self.budget == 0 {
+            return false;
+        }
+        if held > self.budget && self.width_us > MIN_WIDTH_US {
+            self.width_us = (self.width_us / 2).max(MIN_WIDTH_US);
+            return true;
+        }
+        if held < self.budget / 2 && self.width_us < self.configured_us {
+            self.width_us = self.width_us.saturating_mul(2).min(self.configured_us);
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 60 * 1_000_000;
+
+    #[test]
+    fn a_zero_window_keeps_everything() {
+        assert_eq!(HeldWindow::new(Duration::ZERO, 10), None);
+    }
+
+    #[test]
+    fn over_the_budget_halves_down_to_the_floor_and_asks_for_another_settle() {
+        let mut w = HeldWindow::new(Duration::from_secs(600), 1_000).unwrap();
+        assert_eq!(w.width_us(), 10 * MIN);
+        assert!(w.settled(1_001));
+        assert_eq!(w.width_us(), 5 * MIN);
+        let mut steps = 1;
+        while w.settled(5_000) {
+            steps += 1;
+        }
+        assert_eq!(w.width_us(), MIN_WIDTH_US);
+        assert_eq!(steps, 10, "600 s halves to 1 s in ten steps");
+        // At the floor, more events held ask for nothing more.
+        assert!(!w.settled(1_000_000));
+        assert_eq!(w.width_us(), MIN_WIDTH_US);
+    }
+
+    #[test]
+    fn under_half_the_budget_doubles_back_to_the_configured_width() {
+        let mut w = HeldWindow::new(Duration::from_secs(600), 1_000).unwrap();
+        assert!(w.settled(2_000));
+        assert!(w.settled(2_000));
+        assert_eq!(w.width_us(), 150 * 1_000_000);
+        // Between half the budget and the budget: it stays.
+        assert!(!w.settled(500));
+        assert!(!w.settled(1_000));
+        assert_eq!(w.width_us(), 150 * 1_000_000);
+        assert!(!w.settled(499));
+        assert_eq!(w.width_us(), 300 * 1_000_000);
+        assert!(!w.settled(0));
+        assert!(!w.settled(0));
+        assert_eq!(w.width_us(), 10 * MIN, "never wider than configured");
+    }
+
+    #[test]
+    fn no_budget_keeps_the_configured_width() {
+        let mut w = HeldWindow::new(Duration::from_secs(60), 0).unwrap();
+        assert!(!w.settled(usize::MAX));
+        assert_eq!(w.width_us(), MIN);
+    }
+}
