@@ -26,8 +26,9 @@ pub struct AuditConfig {
     #[serde(with = "humantime_serde")]
     pub event_window: Duration,
     /// At most this many events held by a long-running audit
-    /// (`serve --ingest`, `import`): while `event_window` holds more, the
-    /// window narrows (see `audit/src/window.rs`). `0` sets no bound.
+    /// (`serve --ingest`, `import`, SQL reading a lake): while its window
+    /// holds more, the window narrows (see `audit/src/window.rs`). `0`
+    /// sets no bound.
     /// Default 4,000,000.
     pub max_events_held: usize,
     /// Whether SQL answers `lease_timeline` and `lease_violations` from

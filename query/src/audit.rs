@@ -31,6 +31,7 @@ use datafusion::error::DataFusionError;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 use leaseline_audit::table::{holders_batch, timeline_batch, violations_batch};
+use leaseline_audit::window::HeldWindow;
 use leaseline_audit::{AuditConfig, Auditor, SharedAuditor, StoredFiles};
 use leaseline_lake::{parquet_io, DataFile, Lake, LakeError, Manifest, Table};
 use leaseline_schema::{EventColumns, LeaseEvent};
@@ -442,14 +443,16 @@ pub(crate) fn joined(e: tokio::task::JoinError) -> QueryError {
 /// spread between runs (`scripts/bench-sql-memory.sh`).
 const SETTLE_ROWS: usize = 1 << 20;
 
-/// Settles what is `event_window` behind the newest event, keeping the
-/// rows; nothing with a zero window.
-fn settle(auditor: &mut Auditor) {
-    let window = i64::try_from(auditor.config().event_window.as_micros()).unwrap_or(i64::MAX);
-    if window > 0 {
-        if let Some(latest) = auditor.latest_ts() {
-            auditor.settle_keeping(latest.saturating_sub(window));
-        }
+/// Settles what is `window` behind the newest event, keeping the rows,
+/// narrowing the window while it holds more than its budget of events
+/// (`audit/src/window.rs`); nothing without a window.
+fn settle(auditor: &mut Auditor, window: &mut Option<HeldWindow>) {
+    let (Some(w), Some(latest)) = (window.as_mut(), auditor.latest_ts()) else {
+        return;
+    };
+    auditor.settle_keeping(latest.saturating_sub(w.width_us()));
+    while w.settled(auditor.held()) {
+        auditor.settle_keeping(latest.saturating_sub(w.width_us()));
     }
 }
 
@@ -478,7 +481,7 @@ async fn reload_stale(
 }
 
 /// Pushes the events of `files` (of snapshot `m`), settling as it goes
-/// ([`AuditConfig::event_window`]) and auditing again at the end the
+/// ([`AuditConfig::event_window`], [`AuditConfig::max_events_held`]) and auditing again at the end the
 /// leases that late rows made stale. Decoding Parquet and auditing each
 /// take a core, so a blocking thread reads the files batch by batch while
 /// this task pushes the batches already decoded.
@@ -522,20 +525,22 @@ async fn push_files(
             }
         }
     });
+    let config = auditor.config();
+    let mut window = HeldWindow::new(config.event_window, config.max_events_held);
     let mut since_settle = 0;
     while let Some(batch) = rx.recv().await {
         let batch = batch?;
         since_settle += batch.num_rows();
         push_lake_batch(auditor, &batch)?;
         if since_settle >= SETTLE_ROWS {
-            settle(auditor);
+            settle(auditor, &mut window);
             since_settle = 0;
         }
     }
     // The channel closes when the reader is done or has sent its error;
     // a reader that panicked is a bug to report, not an empty file.
     reader.await.map_err(joined)?;
-    settle(auditor);
+    settle(auditor, &mut window);
     reload_stale(auditor, lake, m, &[]).await
 }
 
