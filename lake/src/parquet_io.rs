@@ -290,6 +290,41 @@ pub fn column_reader(
     Ok(reader.map(|b| b.and_then(from_storage)))
 }
 
+/// [`column_reader`] of the row groups whose timestamp `column` reaches
+/// `from` (Unix microseconds): those whose largest value, by the footer's
+/// statistics, is before it are not decoded. A row group without
+/// statistics is read.
+pub fn column_reader_from(
+    bytes: Bytes,
+    columns: &[&str],
+    column: &str,
+    from: i64,
+) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
+    use parquet::file::statistics::Statistics;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+    let meta = builder.metadata().clone();
+    let at = builder
+        .parquet_schema()
+        .columns()
+        .iter()
+        .position(|c| c.name() == column);
+    let groups: Vec<usize> = (0..meta.num_row_groups())
+        .filter(
+            |&g| match at.and_then(|i| meta.row_group(g).column(i).statistics()) {
+                Some(Statistics::Int64(s)) => s.max_opt().is_none_or(|&max| max >= from),
+                _ => true,
+            },
+        )
+        .collect();
+    let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
+    let reader: ParquetRecordBatchReader = builder
+        .with_projection(mask)
+        .with_row_groups(groups)
+        .with_batch_size(64 * 1024)
+        .build()?;
+    Ok(reader.map(|b| b.and_then(from_storage)))
+}
+
 /// [`column_reader`] with the string columns named in `dictionary` read as
 /// `Dictionary(Int32, Utf8)`: a scan that looks each value up (a lease's
 /// cut, a Kafka topic) then does it once per distinct value of a batch

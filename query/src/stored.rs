@@ -127,9 +127,15 @@ pub(crate) async fn from_stored(
     let events_read = started.elapsed();
     let mut context_columns: Vec<&str> = EventColumns::COLUMNS.to_vec();
     context_columns.push(SETTLED_BEFORE);
+    // A lease's context rows carry its cut, which only moves forward: rows
+    // stored at a cut older than every lease's are superseded, and so are
+    // the files (one per store commit) that hold only such rows.
+    let oldest_cut = cuts.values().copied().min().unwrap_or(i64::MIN);
     for f in m.files_of(Table::LeaseContext) {
         let bytes = lake.store().get(&f.path).await?;
-        for batch in parquet_io::column_reader(bytes, &context_columns)? {
+        let batches =
+            parquet_io::column_reader_from(bytes, &context_columns, SETTLED_BEFORE, oldest_cut)?;
+        for batch in batches {
             let batch = batch.map_err(LakeError::from)?;
             let cut_of = batch
                 .column_by_name(SETTLED_BEFORE)
