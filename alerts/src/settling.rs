@@ -22,7 +22,9 @@
 //! - once the clock has moved half of `after` since the last settle (a
 //!   replay looks after each commit it is given, the live engine at each
 //!   turn of its loop), the audit settles everything older than `after`
-//!   before it;
+//!   before it; `after` is the configured window, narrowed while it holds
+//!   more events than `audit.max_events_held` (`audit/src/window.rs`), and
+//!   a settle that leaves more than that narrows it and settles again;
 //! - a lease given an event older than what its audit let go of is *stale*
 //!   (see `audit/src/settle.rs`): it is not settled any more, and it is
 //!   audited again from its whole history in the lake, read in passes over

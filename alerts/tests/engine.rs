@@ -492,6 +492,11 @@ fn replay(
     }
     let held = e.held_events();
     reloads += reload_stale(&mut e, &lake);
+    (finished(&mut e), held, reloads)
+}
+
+/// The changes of a replay at its end, sorted.
+fn finished(e: &mut AlertEngine) -> Vec<String> {
     e.finish_replay();
     let mut changes: Vec<String> = e
         .take_changes()
@@ -507,7 +512,7 @@ fn replay(
         })
         .collect();
     changes.sort();
-    (changes, held, reloads)
+    changes
 }
 
 #[test]
@@ -586,22 +591,7 @@ fn replay_settling(
         }
     }
     reload_stale(&mut e, &lake);
-    e.finish_replay();
-    let mut changes: Vec<String> = e
-        .take_changes()
-        .iter()
-        .map(|a| {
-            format!(
-                "{:?} {:?} {} {:?}",
-                a.state,
-                a.labels(),
-                a.starts_at,
-                a.ends_at
-            )
-        })
-        .collect();
-    changes.sort();
-    (changes, peak)
+    (finished(&mut e), peak)
 }
 
 #[test]

@@ -395,6 +395,26 @@ impl Service {
         changes
     }
 
+    /// The rows stored plus those the auditor answers are the whole
+    /// history's, row for row.
+    fn assert_answers(&mut self, history: &[LeaseEvent<'static>]) {
+        let (mut grants, mut violations) = full(history);
+        let mut rows: Vec<String> = self
+            .stored
+            .values()
+            .flat_map(|r| r.0.iter().map(grant_row))
+            .collect();
+        rows.extend(self.auditor.timeline().iter().map(grant_row));
+        rows.sort();
+        grants.sort();
+        assert_eq!(rows, grants);
+        let mut rows = self.stored_violations();
+        rows.extend(self.auditor.violations().iter().map(violation_row));
+        rows.sort();
+        violations.sort();
+        assert_eq!(rows, violations);
+    }
+
     fn stored_violations(&self) -> Vec<String> {
         self.stored
             .values()
@@ -522,23 +542,7 @@ fn memory_holds_the_unsettled_tail_not_the_history() {
         history.len()
     );
     // And the answer is still the whole history's.
-    let (grants, violations) = full(&history);
-    let mut rows: Vec<String> = svc
-        .stored
-        .values()
-        .flat_map(|r| r.0.iter().map(grant_row))
-        .collect();
-    rows.extend(svc.auditor.timeline().iter().map(grant_row));
-    rows.sort();
-    let mut expected = grants;
-    expected.sort();
-    assert_eq!(rows, expected);
-    let mut rows = svc.stored_violations();
-    rows.extend(svc.auditor.violations().iter().map(violation_row));
-    rows.sort();
-    let mut expected = violations;
-    expected.sort();
-    assert_eq!(rows, expected);
+    svc.assert_answers(&history);
     let peak = peak.0;
     assert_eq!(svc.auditor.len(), history.len());
     assert!(svc.stored.values().map(|r| r.0.len()).sum::<usize>() > 5000);
@@ -570,23 +574,7 @@ fn trace_ids_of_settled_events_are_forgotten_and_the_answer_stays_whole() {
         "strings interned at most {peak} of {} traces",
         history.len()
     );
-    let (grants, violations) = full(&history);
-    let mut rows: Vec<String> = svc
-        .stored
-        .values()
-        .flat_map(|r| r.0.iter().map(grant_row))
-        .collect();
-    rows.extend(svc.auditor.timeline().iter().map(grant_row));
-    rows.sort();
-    let mut expected = grants;
-    expected.sort();
-    assert_eq!(rows, expected);
-    let mut rows = svc.stored_violations();
-    rows.extend(svc.auditor.violations().iter().map(violation_row));
-    rows.sort();
-    let mut expected = violations;
-    expected.sort();
-    assert_eq!(rows, expected);
+    svc.assert_answers(&history);
 }
 
 #[test]

@@ -281,7 +281,15 @@ pub fn column_reader(
     bytes: Bytes,
     columns: &[&str],
 ) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+    batches_of(ParquetRecordBatchReaderBuilder::try_new(bytes)?, columns)
+}
+
+/// The batches of `columns` that `builder` (a file, perhaps narrowed to
+/// some rows) reads, in the table's Arrow types.
+fn batches_of(
+    builder: ParquetRecordBatchReaderBuilder<Bytes>,
+    columns: &[&str],
+) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
     let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
     let reader: ParquetRecordBatchReader = builder
         .with_projection(mask)
@@ -316,13 +324,7 @@ pub fn column_reader_from(
             },
         )
         .collect();
-    let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
-    let reader: ParquetRecordBatchReader = builder
-        .with_projection(mask)
-        .with_row_groups(groups)
-        .with_batch_size(64 * 1024)
-        .build()?;
-    Ok(reader.map(|b| b.and_then(from_storage)))
+    batches_of(builder.with_row_groups(groups), columns)
 }
 
 /// [`column_reader`] with the string columns named in `dictionary` read as
@@ -352,13 +354,10 @@ pub fn dictionary_reader(
         .collect();
     let options = ArrowReaderOptions::new().with_schema(Arc::new(Schema::new(fields)));
     let meta = ArrowReaderMetadata::try_new(meta.metadata().clone(), options)?;
-    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, meta);
-    let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
-    let reader: ParquetRecordBatchReader = builder
-        .with_projection(mask)
-        .with_batch_size(64 * 1024)
-        .build()?;
-    Ok(reader.map(|b| b.and_then(from_storage)))
+    batches_of(
+        ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, meta),
+        columns,
+    )
 }
 
 /// [`column_reader`] of the rows whose index is true in `keep` (one entry
@@ -369,17 +368,13 @@ pub fn selected_reader(
     columns: &[&str],
     keep: &[bool],
 ) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
-    let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
     let selection = parquet::arrow::arrow_reader::RowSelection::from_filters(&[
         arrow::array::BooleanArray::from(keep.to_vec()),
     ]);
-    let reader: ParquetRecordBatchReader = builder
-        .with_projection(mask)
-        .with_row_selection(selection)
-        .with_batch_size(64 * 1024)
-        .build()?;
-    Ok(reader.map(|b| b.and_then(from_storage)))
+    batches_of(
+        ParquetRecordBatchReaderBuilder::try_new(bytes)?.with_row_selection(selection),
+        columns,
+    )
 }
 
 /// Concatenates batches of one table into one (empty if none).
