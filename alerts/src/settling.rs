@@ -156,13 +156,16 @@ impl Settling {
         &mut self,
         engine: &mut AlertEngine,
         now: i64,
-        mut cutoff: i64,
+        cutoff: i64,
         settle: fn(&mut AlertEngine, i64) -> usize,
     ) -> (usize, i64) {
-        let mut settled = settle(engine, cutoff);
-        while self.window.settled(engine.held_events()) {
-            cutoff = self.settling_at(now.saturating_sub(self.window.width_us()));
-            settled += settle(engine, cutoff);
+        let (mut settled, width) = (0, self.window.width_us());
+        let cutoff = self.window.settle_behind(now, cutoff, |c| {
+            settled += settle(engine, c);
+            engine.held_events()
+        });
+        if self.window.width_us() < width {
+            self.settling_at(cutoff);
             info!(
                 window = %humantime::format_duration(Duration::from_micros(self.window.width_us() as u64)),
                 events_held = engine.held_events(),

@@ -51,6 +51,22 @@ impl HeldWindow {
         self.width_us
     }
 
+    /// Settles behind `now`: `settle(cutoff)` settles at a cutoff and
+    /// returns the events then held. It is called at `cutoff`, then again
+    /// at `now` less each narrower window while over the budget. Returns
+    /// the last cutoff.
+    pub fn settle_behind(
+        &mut self,
+        now: i64,
+        mut cutoff: i64,
+        mut settle: impl FnMut(i64) -> usize,
+    ) -> i64 {
+        while self.settled(settle(cutoff)) {
+            cutoff = now.saturating_sub(self.width_us);
+        }
+        cutoff
+    }
+
     /// After a settle that left `held` events: true when the window was
     /// narrowed and the caller should settle again at the new width.
     pub fn settled(&mut self, held: usize) -> bool {
@@ -111,6 +127,21 @@ mod tests {
         assert!(!w.settled(0));
         assert!(!w.settled(0));
         assert_eq!(w.width_us(), 10 * MIN, "never wider than configured");
+    }
+
+    #[test]
+    fn settling_behind_narrows_until_under_the_budget() {
+        let mut w = HeldWindow::new(Duration::from_secs(600), 1_000).unwrap();
+        let now = 1_000 * MIN;
+        let mut cutoffs = Vec::new();
+        // Held: 4,000 at the first cutoff, then half as many at each.
+        let last = w.settle_behind(now, now - 10 * MIN, |c| {
+            cutoffs.push(c);
+            4_000 >> (cutoffs.len() - 1)
+        });
+        assert_eq!(cutoffs, [now - 10 * MIN, now - 5 * MIN, now - 150_000_000]);
+        assert_eq!(last, now - 150_000_000);
+        assert_eq!(w.width_us(), 150_000_000);
     }
 
     #[test]

@@ -450,10 +450,10 @@ fn settle(auditor: &mut Auditor, window: &mut Option<HeldWindow>) {
     let (Some(w), Some(latest)) = (window.as_mut(), auditor.latest_ts()) else {
         return;
     };
-    auditor.settle_keeping(latest.saturating_sub(w.width_us()));
-    while w.settled(auditor.held()) {
-        auditor.settle_keeping(latest.saturating_sub(w.width_us()));
-    }
+    w.settle_behind(latest, latest.saturating_sub(w.width_us()), |cutoff| {
+        auditor.settle_keeping(cutoff);
+        auditor.held()
+    });
 }
 
 /// Audits again, from their whole history in snapshot `m` and `extra`
