@@ -489,6 +489,78 @@ fn postgres_connections_past_the_cap_are_refused_and_http_lives() {
     );
 }
 
+/// CPU time the process has used so far (user and system).
+fn cpu_time(server: &Server) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", server.proc.child.id())).unwrap();
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / per_second)
+}
+
+#[test]
+fn a_join_that_makes_rows_faster_than_it_reads_stops_at_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = lake_with_history(dir.path());
+    let mut server = Server::start(&lake, &["--query-timeout", "2s"], dir.path());
+    // Each batch read from `b` makes 8192 x 3 M rows: hours of work on
+    // very little input. Two at once, as many as the machine has cores.
+    let runaway = "SELECT count(*) AS n FROM generate_series(1, 3000000) a \
+                   CROSS JOIN generate_series(1, 3000000) b";
+    let url = server.http.clone();
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                curl(&[
+                    "-X",
+                    "POST",
+                    "--data-binary",
+                    runaway,
+                    &format!("{url}/api/v1/sql"),
+                ])
+            })
+        })
+        .collect();
+    for c in clients {
+        let reply = c.join().unwrap();
+        assert_eq!(reply.status, 503, "{}", reply.text());
+        assert!(
+            reply.text().contains("timed out after 2s"),
+            "{}",
+            reply.text()
+        );
+    }
+    // The work stops with the answer: within seconds the server is idle
+    // again (under 10 % of a core over half a second), where a join that
+    // never yields would keep both query threads busy for hours.
+    let idle = wait_until(Duration::from_secs(10), || {
+        let before = cpu_time(&server);
+        std::thread::sleep(Duration::from_millis(500));
+        cpu_time(&server) - before < Duration::from_millis(50)
+    });
+    assert!(
+        idle,
+        "the joins went on after their timeout\n{}",
+        server.proc.logs()
+    );
+    let started = Instant::now();
+    let small = server.sql("SELECT count(*) AS n FROM lease_events", &[]);
+    assert_eq!(small.json()[0]["n"], 84);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(server.proc.running(), "{}", server.proc.logs());
+}
+
 /// The most memory the process has held so far (its peak resident set).
 fn peak_rss(server: &Server) -> u64 {
     let status =

@@ -36,6 +36,7 @@ use leaseline_schema::ReadError;
 pub const ALERTS_TABLE: &str = "lease_alerts";
 
 pub mod audit;
+mod coop;
 pub mod depth;
 pub mod executor;
 mod files;
@@ -427,7 +428,13 @@ impl QueryEngine {
                 DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
             )
             .build_arc()?;
-        let ctx = SessionContext::new_with_config_rt(config, runtime);
+        let state = datafusion::execution::SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(runtime)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(coop::AmplifiersCooperate))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
         memory::bounded::install(&ctx, &pool);
         let store = self.lake.store();
         // A local lake's store is rooted at the lake directory, while
