@@ -550,6 +550,28 @@ fn a_join_that_makes_rows_faster_than_it_reads_stops_at_its_timeout() {
         "the joins went on after their timeout\n{}",
         server.proc.logs()
     );
+    // The query threads yield the cores to the rest of the process
+    // (`query.nice`, default 10): each runs at nice 10, the serving
+    // runtime's threads at the process's own.
+    let pid = server.proc.child.id();
+    let mut niced = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+        let Some((_, fields)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        // Field 19 of stat, the 17th after the command name.
+        let nice: i32 = fields.split_whitespace().nth(16).unwrap().parse().unwrap();
+        if name.trim() == "leaseline-query" {
+            assert_eq!(nice, 10, "{}", task.display());
+            niced += 1;
+        } else if name.trim() == "tokio-rt-worker" {
+            assert_eq!(nice, 0, "{}", task.display());
+        }
+    }
+    assert!(niced >= 1, "no query thread found");
     let started = Instant::now();
     let small = server.sql("SELECT count(*) AS n FROM lease_events", &[]);
     assert_eq!(small.json()[0]["n"], 84);

@@ -139,7 +139,7 @@ pub async fn run(
     let mut from_kafka = false;
     // The newest snapshot the engine holds every event of (of the
     // partitions it reads), not marked yet.
-    let mut unmarked: Option<u64> = None;
+    let mut unmarked: Option<(u64, u64)> = None;
     while open {
         // Partitions were given up in this round: their next owner reads
         // lease_alerts, so this round's rows are written before ingest
@@ -196,8 +196,8 @@ pub async fn run(
             _ => true,
         };
         if answers {
-            if let Some(version) = unmarked.take() {
-                engine.mark(version);
+            if let Some((version, lake_rows)) = unmarked.take() {
+                engine.mark(version, lake_rows);
             }
         }
         if !open && !from_kafka {
@@ -267,7 +267,7 @@ fn partition_of(c: &Committed) -> Option<&PartitionKey> {
         | Committed::Assigned(p)
         | Committed::Revoked(p)
         | Committed::CaughtUp(p) => Some(p),
-        Committed::Commit(_) => None,
+        Committed::Commit { .. } => None,
     }
 }
 
@@ -281,7 +281,7 @@ struct Take<'a> {
     /// Where the stored audit rows of the partitions replayed end.
     resume: Option<&'a Resume>,
     now: i64,
-    unmarked: &'a mut Option<u64>,
+    unmarked: &'a mut Option<(u64, u64)>,
 }
 
 impl Take<'_> {
@@ -339,7 +339,7 @@ impl Take<'_> {
                             error!(topic = %p.0, partition = p.1, error = %e, "could not rebuild the partition's history")
                         }
                     }
-                    self.covers(h.version);
+                    self.covers(h.version, h.rows());
                 }
             }
             Committed::Revoked(p) => {
@@ -347,14 +347,16 @@ impl Take<'_> {
                 self.clock.revoked(&p);
             }
             Committed::CaughtUp(p) => self.clock.caught_up(&p),
-            Committed::Commit(version) => self.covers(version),
+            Committed::Commit { version, lake_rows } => self.covers(version, lake_rows),
         }
     }
 
     /// The engine holds every event of `version` it will hold; marked
     /// once the batch is taken (see [`run`]).
-    fn covers(&mut self, version: u64) {
-        *self.unmarked = Some(self.unmarked.map_or(version, |v| v.max(version)));
+    fn covers(&mut self, version: u64, lake_rows: u64) {
+        if self.unmarked.is_none_or(|(v, _)| version >= v) {
+            *self.unmarked = Some((version, lake_rows));
+        }
     }
 
     fn event(&mut self, ev: &LeaseEvent<'_>, p: &PartitionKey) {

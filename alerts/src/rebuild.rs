@@ -84,6 +84,11 @@ pub struct PartitionHistory {
 }
 
 impl PartitionHistory {
+    /// The `lease_events` rows of the snapshot read.
+    pub fn rows(&self) -> u64 {
+        self.batch.num_rows() as u64
+    }
+
     /// Reads the lake's `lease_events`.
     pub async fn load(lake: &Lake) -> Result<PartitionHistory> {
         let m = lake.latest().await?;

@@ -26,6 +26,13 @@
 //! - A covering auditor may have moved on past `m` by the time it is read:
 //!   the answer then also holds this process's later commits, never an
 //!   event the lake does not hold.
+//! - Each mark also records how many `lease_events` rows the lake held at
+//!   its version. A mark whose count of events held equals it is *whole*:
+//!   the auditor then held every event of that commit, whoever wrote them.
+//!   A reader of a newer snapshot the feeder has not taken yet (ingest
+//!   catching up commits faster than the audit takes them) may answer
+//!   for the newest whole mark's version instead, [`SharedAuditor::newest_whole`],
+//!   and says that it does.
 //!
 //! Reads take the lock for as long as they recompute and copy out the
 //! tables, and the feeder waits meanwhile; what feeds it (ingest's bounded
@@ -49,8 +56,9 @@ pub struct SharedAuditor {
 
 struct Inner {
     auditor: Mutex<Auditor>,
-    /// Snapshot version → distinct events held once caught up with it.
-    marks: Mutex<BTreeMap<u64, usize>>,
+    /// Snapshot version → distinct events held once caught up with it,
+    /// and the `lease_events` rows of that snapshot.
+    marks: Mutex<BTreeMap<u64, (usize, u64)>>,
     /// Signalled on every mark.
     marked: Condvar,
 }
@@ -84,10 +92,11 @@ impl SharedAuditor {
         relock(self.inner.auditor.lock())
     }
 
-    /// The feeder has caught up with snapshot `version`. A mark older than
-    /// the newest is ignored: the auditor may hold rows committed after it
-    /// (a replay read a newer snapshot), so it would prove nothing.
-    pub fn mark(&self, version: u64) {
+    /// The feeder has caught up with snapshot `version`, whose
+    /// `lease_events` has `lake_rows` rows. A mark older than the newest
+    /// is ignored: the auditor may hold rows committed after it (a replay
+    /// read a newer snapshot), so it would prove nothing.
+    pub fn mark(&self, version: u64, lake_rows: u64) {
         let n = self.lock().len();
         let mut marks = relock(self.inner.marks.lock());
         if marks
@@ -96,7 +105,7 @@ impl SharedAuditor {
         {
             return;
         }
-        marks.insert(version, n);
+        marks.insert(version, (n, lake_rows));
         while marks.len() > MARKS {
             marks.pop_first();
         }
@@ -108,8 +117,9 @@ impl SharedAuditor {
     /// Returns whether it came.
     pub fn wait_for_mark(&self, version: u64, timeout: Duration) -> bool {
         let marks = relock(self.inner.marks.lock());
-        let behind =
-            |m: &mut BTreeMap<u64, usize>| m.last_key_value().is_none_or(|(&v, _)| v < version);
+        let behind = |m: &mut BTreeMap<u64, (usize, u64)>| {
+            m.last_key_value().is_none_or(|(&v, _)| v < version)
+        };
         let (marks, _) = self
             .inner
             .marked
@@ -125,7 +135,15 @@ impl SharedAuditor {
         marks
             .range(..=version)
             .next_back()
-            .is_some_and(|(_, &n)| n as u64 == rows)
+            .is_some_and(|(_, &(n, _))| n as u64 == rows)
+    }
+
+    /// The newest snapshot version the auditor held every event of when
+    /// marked (see the module docs), if it is at most `version`.
+    pub fn newest_whole(&self, version: u64) -> Option<u64> {
+        let marks = relock(self.inner.marks.lock());
+        let (&v, &(n, rows)) = marks.range(..=version).next_back()?;
+        (n as u64 == rows).then_some(v)
     }
 }
 
@@ -147,7 +165,7 @@ mod tests {
         assert!(!a.covers(0, 0), "nothing marked: nothing is known");
         push(&a, "e1");
         push(&a, "e2");
-        a.mark(3);
+        a.mark(3, 2);
         assert!(!a.covers(2, 2), "an older snapshot than any mark");
         assert!(a.covers(3, 2));
         // A compaction at version 4 keeps the rows: still covered.
@@ -157,31 +175,54 @@ mod tests {
         // Events pushed after the mark do not change what it proved.
         push(&a, "e3");
         assert!(a.covers(3, 2));
-        a.mark(6);
+        a.mark(6, 3);
         assert!(a.covers(6, 3));
         assert!(!a.covers(6, 4));
         // A replay read at version 9 came in before the commit of version 8
         // was taken: the auditor may hold rows of version 9, so the older
         // commit proves nothing.
         push(&a, "e4");
-        a.mark(9);
+        a.mark(9, 4);
         push(&a, "e5");
-        a.mark(8);
+        a.mark(8, 3);
         assert!(!a.covers(8, 5));
         assert!(a.covers(8, 3), "still the mark of version 6");
         assert!(a.covers(9, 4));
     }
 
     #[test]
+    fn a_reader_ahead_of_the_feeder_is_answered_for_the_newest_whole_mark() {
+        let a = SharedAuditor::new(AuditConfig::default());
+        push(&a, "e1");
+        push(&a, "e2");
+        a.mark(3, 2);
+        // Ingest committed version 5 with a third row; the feeder has not
+        // taken it yet.
+        assert!(!a.covers(5, 3));
+        assert_eq!(a.newest_whole(5), Some(3));
+        assert_eq!(a.newest_whole(2), None, "nothing marked at or before 2");
+        // Another writer's row was in the lake at version 7 and never
+        // pushed: that mark is not whole, and neither is anything it
+        // stands for until a whole mark comes.
+        push(&a, "e3");
+        a.mark(7, 4);
+        assert_eq!(a.newest_whole(8), None);
+        push(&a, "e4");
+        a.mark(9, 4);
+        assert_eq!(a.newest_whole(10), Some(9));
+        assert_eq!(a.newest_whole(8), None);
+    }
+
+    #[test]
     fn a_reader_waits_for_the_feeder_to_take_a_commit() {
         let a = SharedAuditor::new(AuditConfig::default());
-        a.mark(1);
+        a.mark(1, 0);
         assert!(a.wait_for_mark(1, Duration::ZERO));
         assert!(!a.wait_for_mark(2, Duration::from_millis(10)));
         let feeder = a.clone();
         let t = std::thread::spawn(move || {
             push(&feeder, "e1");
-            feeder.mark(2);
+            feeder.mark(2, 1);
         });
         assert!(a.wait_for_mark(2, Duration::from_secs(60)));
         t.join().unwrap();
@@ -192,7 +233,7 @@ mod tests {
     fn marks_are_bounded() {
         let a = SharedAuditor::new(AuditConfig::default());
         for v in 0..(MARKS as u64 + 10) {
-            a.mark(v);
+            a.mark(v, 0);
         }
         assert!(!a.covers(5, 0), "the oldest marks are let go");
         assert!(a.covers(MARKS as u64 + 9, 0));

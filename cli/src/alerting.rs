@@ -148,15 +148,56 @@ struct LiveAuditCollector(Arc<leaseline_query::LiveAudit>);
 
 impl Collector for LiveAuditCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        let (answered, passed) = self.0.reads();
+        let (answered, behind, passed) = self.0.reads();
         let mut fam = enc.encode_descriptor(
             "leaseline_query_audit_reads",
-            "Reads of the audit's SQL tables: from=\"alert_engine\" answered from the alert engine's auditor, from=\"lake\" audited the lake instead (another writer committed rows this process did not read), keeping a second copy of the history",
+            "Reads of the audit's SQL tables: from=\"alert_engine\" answered from the alert engine's auditor, from=\"alert_engine_earlier_commit\" answered from it for the newest commit it held whole while ingest had committed past it (catching up), from=\"lake\" audited the lake instead (another writer committed rows this process did not read), keeping a second copy of the history",
             None,
             MetricType::Counter,
         )?;
-        for (from, n) in [("alert_engine", answered), ("lake", passed)] {
+        for (from, n) in [
+            ("alert_engine", answered),
+            ("alert_engine_earlier_commit", behind),
+            ("lake", passed),
+        ] {
             ConstCounter::new(n).encode(fam.encode_family(&[("from", from)])?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The allocator's counts: memory the process's data holds (`allocated`)
+/// against what the allocator keeps mapped for it (`resident`), so that a
+/// growing RSS can be told apart as data or as the allocator's retention.
+#[cfg(not(target_env = "msvc"))]
+#[derive(Debug)]
+struct AllocatorCollector;
+
+#[cfg(not(target_env = "msvc"))]
+impl Collector for AllocatorCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        use tikv_jemalloc_ctl::{epoch, stats};
+        // The counts are a snapshot taken at each epoch advance.
+        if epoch::advance().is_err() {
+            return Ok(());
+        }
+        let counts = [
+            ("allocated", stats::allocated::read()),
+            ("active", stats::active::read()),
+            ("resident", stats::resident::read()),
+            ("retained", stats::retained::read()),
+            ("metadata", stats::metadata::read()),
+        ];
+        let mut fam = enc.encode_descriptor(
+            "leaseline_allocator_bytes",
+            "The memory allocator's counts: allocated (in use by the process's data), active (pages holding it), resident (mapped and in RAM, with the allocator's own), retained (address space kept for reuse, not in RAM), metadata (the allocator's bookkeeping)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (kind, n) in counts {
+            if let Ok(n) = n {
+                ConstGauge::new(n as i64).encode(fam.encode_family(&[("kind", kind)])?)?;
+            }
         }
         Ok(())
     }
@@ -170,6 +211,8 @@ pub fn registry(
 ) -> Registry {
     let mut r = Registry::default();
     lease.register(&mut r);
+    #[cfg(not(target_env = "msvc"))]
+    r.register_collector(Box::new(AllocatorCollector));
     if let Some(m) = ingest {
         r.register_collector(Box::new(IngestCollector(m)));
     }

@@ -323,6 +323,9 @@ struct QueryArgs {
     /// How long a query waits in line before it is refused as busy.
     #[arg(long, env = "LEASELINE_QUERY_QUEUE_TIMEOUT", value_parser = humantime::parse_duration)]
     query_queue_timeout: Option<Duration>,
+    /// Scheduling priority of the query threads, as a nice value (0-19).
+    #[arg(long, env = "LEASELINE_QUERY_NICE", value_parser = clap::value_parser!(i32).range(0..=19))]
+    query_nice: Option<i32>,
 }
 
 impl QueryArgs {
@@ -341,6 +344,9 @@ impl QueryArgs {
         }
         if let Some(v) = self.query_queue_timeout {
             cfg.query.queue_timeout = v;
+        }
+        if let Some(v) = self.query_nice {
+            cfg.query.nice = v;
         }
     }
 }

@@ -52,8 +52,9 @@ pub enum Committed {
     Revoked(PartitionKey),
     /// Everything the partition held when ingest last looked is committed.
     CaughtUp(PartitionKey),
-    /// The lake commit of the events before it made this manifest version.
-    Commit(u64),
+    /// The lake commit of the events before it made this manifest
+    /// version, whose `lease_events` then held `lake_rows` rows.
+    Commit { version: u64, lake_rows: u64 },
 }
 
 /// The receiving end: batches in commit order.
@@ -154,8 +155,8 @@ impl Fanout {
     }
 
     /// Closes the queue with the commit it is sent after.
-    pub(crate) fn committed(&mut self, version: u64) {
-        self.queued.push(Committed::Commit(version));
+    pub(crate) fn committed(&mut self, version: u64, lake_rows: u64) {
+        self.queued.push(Committed::Commit { version, lake_rows });
     }
 
     /// Drops queued events the commit did not keep.

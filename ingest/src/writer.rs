@@ -47,6 +47,8 @@ pub struct FlushReport {
     /// the lake's offset (or has lost them in a rebalance).
     pub lost_partitions: Vec<(String, i32)>,
     pub version: u64,
+    /// The `lease_events` rows of the lake at `version`.
+    pub lake_events: u64,
 }
 
 /// The end of a flush, for those waiting on one (see
@@ -455,7 +457,7 @@ impl LakeWriter {
                 // Only now, with the rows in the lake.
                 Ok(r) => {
                     if !r.files.is_empty() {
-                        f.committed(r.version);
+                        f.committed(r.version, r.lake_events);
                     }
                     f.send().await
                 }
@@ -523,6 +525,7 @@ impl LakeWriter {
                     report.events = events.num_rows() as u64;
                     report.rejects = rejects.num_rows() as u64;
                     report.version = m.version;
+                    report.lake_events = m.rows_of(Table::LeaseEvents);
                     report.files = files;
                     self.manifest = Arc::new(m);
                     // The late ids are in the lake now, where the next

@@ -78,7 +78,7 @@ async fn an_import_hands_every_committed_event_to_consumers_once_in_order() {
     let expected: Vec<String> = (0..2_500).map(|i| format!("e{i}")).collect();
     assert_eq!(ids, expected, "each event once, in the order read");
     assert_eq!(
-        got.iter().rfind(|c| !matches!(c, Committed::Commit(_))),
+        got.iter().rfind(|c| !matches!(c, Committed::Commit { .. })),
         Some(&Committed::CaughtUp(("".into(), 0))),
         "the end of the files comes after their last event"
     );
@@ -87,7 +87,7 @@ async fn an_import_hands_every_committed_event_to_consumers_once_in_order() {
     let commits: Vec<u64> = got
         .iter()
         .filter_map(|c| match c {
-            Committed::Commit(v) => Some(*v),
+            Committed::Commit { version, .. } => Some(*version),
             _ => None,
         })
         .collect();

@@ -208,7 +208,10 @@ async fn consumers_see_an_event_only_once_the_lake_holds_it() {
     assert_eq!(batch[1], Committed::CaughtUp(("t".into(), 0)));
     assert_eq!(
         batch[2],
-        Committed::Commit(report.version),
+        Committed::Commit {
+            version: report.version,
+            lake_rows: report.lake_events,
+        },
         "the batch ends with the version that holds it"
     );
     assert_eq!(report.version, lake.latest().await.unwrap().version);

@@ -335,9 +335,13 @@ pub struct LiveAudit {
     /// The tables, and the number of events and the release they were
     /// derived from.
     derived: std::sync::Mutex<Option<(DerivedFrom, Arc<AuditTables>)>>,
-    /// Reads answered from the shared auditor, and those that were not.
+    /// Reads answered from the shared auditor for their own snapshot, for
+    /// an earlier one, and those that audited the lake instead.
     answered: std::sync::atomic::AtomicU64,
+    behind: std::sync::atomic::AtomicU64,
     passed: std::sync::atomic::AtomicU64,
+    /// The runtime the shared auditor's feeder runs on, if known.
+    serving: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for LiveAudit {
@@ -352,32 +356,54 @@ impl LiveAudit {
             shared,
             derived: std::sync::Mutex::new(None),
             answered: Default::default(),
+            behind: Default::default(),
             passed: Default::default(),
+            serving: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
-    /// Reads answered from the shared auditor, and reads that audited the
-    /// lake instead because it did not hold their snapshot.
-    pub fn reads(&self) -> (u64, u64) {
+    /// Reads answered from the shared auditor for their snapshot, reads
+    /// answered for an earlier snapshot it held whole, and reads that
+    /// audited the lake instead.
+    pub fn reads(&self) -> (u64, u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
-        (self.answered.load(Relaxed), self.passed.load(Relaxed))
+        (
+            self.answered.load(Relaxed),
+            self.behind.load(Relaxed),
+            self.passed.load(Relaxed),
+        )
     }
 
     /// The tables for snapshot `m` when the auditor holds every event of
-    /// it, none otherwise. Derived again only after new events.
+    /// it; else, when ingest has committed past what the auditor has
+    /// taken, the tables of the newest snapshot before `m` it held whole
+    /// (their `version` says which); none otherwise. Derived again only
+    /// after new events.
     pub async fn tables(self: &Arc<Self>, m: &Manifest) -> Result<Option<Arc<AuditTables>>> {
         let (live, version, rows) = (self.clone(), m.version, m.rows_of(Table::LeaseEvents));
-        tokio::task::spawn_blocking(move || {
+        let work = move || {
+            let mut version = version;
             if !live.shared.covers(version, rows) {
                 // A commit the engine has not taken yet: it soon will.
                 // Another writer's commit never gets a mark, so that wait
                 // is bounded.
-                if !live.shared.wait_for_mark(version, LIVE_WAIT)
-                    || !live.shared.covers(version, rows)
-                {
-                    live.passed
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    return None;
+                let taken = live.shared.wait_for_mark(version, LIVE_WAIT)
+                    && live.shared.covers(version, rows);
+                if !taken {
+                    // Catching up, ingest commits faster than the engine
+                    // takes commits: the newest one it holds whole answers.
+                    match live.shared.newest_whole(version) {
+                        Some(whole) => {
+                            live.behind
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            version = whole;
+                        }
+                        None => {
+                            live.passed
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            return None;
+                        }
+                    }
                 }
             }
             let mut auditor = live.shared.lock();
@@ -400,15 +426,30 @@ impl LiveAudit {
             let key = (auditor.len(), auditor.generation());
             let mut derived = live.derived.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((_, t)) = derived.as_ref().filter(|(k, _)| *k == key) {
-                return Some(t.clone());
+                // The same events, read for another snapshot holding them
+                // (a compaction, a commit of the stored tables).
+                return Some(if t.version == version {
+                    t.clone()
+                } else {
+                    Arc::new(AuditTables {
+                        version,
+                        ..AuditTables::clone(t)
+                    })
+                });
             }
             let mut t = derive(&mut auditor, version);
             t.stored = auditor.stored();
             let t = Arc::new(t);
             *derived = Some((key, t.clone()));
             Some(t)
-        })
-        .await
+        };
+        // The feeder waits for this lock: the work runs on the serving
+        // runtime's blocking threads, at their priority, not the query
+        // threads' lower one (see [`crate::executor`]).
+        match &self.serving {
+            Some(handle) => handle.spawn_blocking(work).await,
+            None => tokio::task::spawn_blocking(work).await,
+        }
         .map_err(joined)
     }
 }
@@ -626,6 +667,11 @@ impl AuditSource {
             pending,
             tables: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The version the tables answered for, once a scan has read them.
+    pub(crate) fn answered_version(&self) -> Option<u64> {
+        self.tables.get().map(|t| t.version)
     }
 
     pub(crate) async fn tables(&self) -> Result<Arc<AuditTables>> {

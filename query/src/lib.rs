@@ -227,6 +227,12 @@ pub struct QueryResult {
 pub struct QueryStream {
     pub schema: arrow::datatypes::SchemaRef,
     pub rows: futures::stream::BoxStream<'static, Result<RecordBatch>>,
+    /// The lake version the query read.
+    pub lake_version: u64,
+    /// The lake version the audit's tables answered for, when the query
+    /// read them: an earlier one than `lake_version` while the alert
+    /// engine of a `serve --ingest` catches up (see [`LiveAudit`]).
+    pub audit_version: Option<u64>,
 }
 
 /// What a [`QueryStream`] holds while rows remain.
@@ -312,6 +318,7 @@ impl QueryEngine {
 
     /// The same engine with other per-query limits.
     pub fn with_limits(mut self, limits: QueryLimits) -> Self {
+        executor::set_nice(limits.nice);
         self.limits = limits;
         self.admission = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent.max(1)));
         self.pool = memory::process_pool(&limits);
@@ -355,20 +362,27 @@ impl QueryEngine {
 
     /// A session with every table of the lake's newest version registered.
     pub async fn session(&self) -> Result<SessionContext> {
+        Ok(self.session_and_audit().await?.0)
+    }
+
+    /// [`QueryEngine::session`], with the source of its audit tables and
+    /// the lake version it reads.
+    async fn session_and_audit(&self) -> Result<(SessionContext, Arc<AuditSource>, u64)> {
         let (manifest, pending) = self.snapshot().await?;
-        self.session_with(&manifest, pending.as_deref())
+        let (ctx, source) = self.session_with(&manifest, pending.as_deref())?;
+        Ok((ctx, source, manifest.version))
     }
 
     /// A session over one manifest snapshot.
     pub fn session_at(&self, manifest: &Manifest) -> Result<SessionContext> {
-        self.session_with(manifest, None)
+        Ok(self.session_with(manifest, None)?.0)
     }
 
     fn session_with(
         &self,
         manifest: &Manifest,
         pending: Option<&PendingSnapshot>,
-    ) -> Result<SessionContext> {
+    ) -> Result<(SessionContext, Arc<AuditSource>)> {
         let ctx = self.empty_session()?;
         for table in Table::QUERIED {
             ctx.register_table(table.name(), self.provider_with(manifest, table, pending)?)?;
@@ -383,7 +397,7 @@ impl QueryEngine {
                 }),
             )?;
         }
-        Ok(ctx)
+        Ok((ctx, source))
     }
 
     /// A long-lived session whose tables read the lake's newest snapshot at
@@ -539,7 +553,7 @@ impl QueryEngine {
         let work = executor::spawn(async move {
             let started = async {
                 depth::check(&query).map_err(|_| QueryError::TooComplex)?;
-                let ctx = engine.session().await?;
+                let (ctx, audit, lake_version) = engine.session_and_audit().await?;
                 let mut df = ctx.sql_with_options(&query, read_only_options()).await?;
                 if let Some(n) = max_rows {
                     df = df.limit(0, Some(n))?;
@@ -547,15 +561,17 @@ impl QueryEngine {
                 let schema = Arc::new(df.schema().as_arrow().clone());
                 let mut rows = df.execute_stream().await?;
                 let first = rows.next().await.transpose()?;
-                Ok::<_, QueryError>((schema, first, rows))
+                // Scans of the audit's tables have run by the first batch.
+                let versions = (lake_version, audit.answered_version());
+                Ok::<_, QueryError>((schema, first, versions, rows))
             };
             match started.await {
                 Err(e) => {
                     let _ = first_tx.send(Err(e));
                 }
-                Ok((schema, first, mut rows)) => {
+                Ok((schema, first, versions, mut rows)) => {
                     let more = first.is_some();
-                    if first_tx.send(Ok((schema, first))).is_err() || !more {
+                    if first_tx.send(Ok((schema, first, versions))).is_err() || !more {
                         return;
                     }
                     while let Some(batch) = rows.next().await {
@@ -567,18 +583,19 @@ impl QueryEngine {
                 }
             }
         });
-        let (schema, first) = match tokio::time::timeout_at(deadline, first_rx).await {
-            Err(_) => return Err(QueryError::Timeout(limit)),
-            Ok(Err(_)) => {
-                // The task ended without a word: it panicked.
-                return Err(match work.await {
-                    Err(join) => QueryError::Aborted(join.to_string()),
-                    Ok(()) => QueryError::Aborted("the query ended without an answer".into()),
-                });
-            }
-            Ok(Ok(Err(e))) => return Err(self.diagnose(e).await),
-            Ok(Ok(Ok(started))) => started,
-        };
+        let (schema, first, (lake_version, audit_version)) =
+            match tokio::time::timeout_at(deadline, first_rx).await {
+                Err(_) => return Err(QueryError::Timeout(limit)),
+                Ok(Err(_)) => {
+                    // The task ended without a word: it panicked.
+                    return Err(match work.await {
+                        Err(join) => QueryError::Aborted(join.to_string()),
+                        Ok(()) => QueryError::Aborted("the query ended without an answer".into()),
+                    });
+                }
+                Ok(Ok(Err(e))) => return Err(self.diagnose(e).await),
+                Ok(Ok(Ok(started))) => started,
+            };
         let state = Streaming {
             engine: self.clone(),
             rx: first.is_some().then_some(rx),
@@ -606,6 +623,8 @@ impl QueryEngine {
         Ok(QueryStream {
             schema,
             rows: head.chain(tail).boxed(),
+            lake_version,
+            audit_version,
         })
     }
 

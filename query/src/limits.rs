@@ -28,6 +28,10 @@ pub struct QueryLimits {
     /// 503, SQLSTATE 53300). Default 10 s.
     #[serde(with = "humantime_serde")]
     pub queue_timeout: Duration,
+    /// The scheduling priority of the query threads, as a nice value from
+    /// 0 (the process's own) to 19 (the lowest); see [`crate::executor`].
+    /// Default 10.
+    pub nice: i32,
 }
 
 impl Default for QueryLimits {
@@ -38,6 +42,7 @@ impl Default for QueryLimits {
             timeout: Duration::from_secs(30),
             max_concurrent: 8,
             queue_timeout: Duration::from_secs(10),
+            nice: crate::executor::DEFAULT_NICE,
         }
     }
 }

@@ -243,3 +243,92 @@ async fn big_derived_tables_come_in_modest_batches_in_order() {
         format!("n\n{leases}\n")
     );
 }
+
+/// A process's alert engine that has taken commit `v1` but not the newer
+/// `v2` answers the audit's tables for `v1`, and the answer says so; once
+/// it takes `v2`, for `v2`. Another writer's rows it never took make no
+/// commit whole, and the lake is audited instead.
+#[tokio::test]
+async fn the_alert_engines_audit_answers_for_the_newest_commit_it_holds_whole() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let shared = leaseline_audit::SharedAuditor::new(leaseline_audit::AuditConfig::default());
+    let engine = QueryEngine::new(lake.clone()).with_live_audit(shared.clone());
+    let feed = |lines: &[&str]| {
+        let mut a = shared.lock();
+        for l in lines {
+            a.push(&decode(l.as_bytes()).unwrap());
+        }
+    };
+    let grants = "SELECT fencing_token FROM lease_timeline ORDER BY fencing_token";
+    let answer = |q: &'static str| {
+        let engine = engine.clone();
+        async move {
+            let s = engine.stream(q, None).await.unwrap();
+            let (lake_version, audit_version) = (s.lake_version, s.audit_version);
+            let rows: Vec<i64> = s
+                .rows
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .flat_map(|b| {
+                    let b = b.unwrap();
+                    let c = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Int64)
+                        .unwrap();
+                    c.as_primitive::<arrow::datatypes::Int64Type>()
+                        .values()
+                        .to_vec()
+                })
+                .collect();
+            (rows, lake_version, audit_version)
+        }
+    };
+
+    append(&lake, &[ACQ7, RENEW]).await;
+    let v1 = lake.latest().await.unwrap();
+    feed(&[ACQ7, RENEW]);
+    shared.mark(v1.version, v1.rows_of(Table::LeaseEvents));
+    assert_eq!(
+        answer(grants).await,
+        (vec![7], v1.version, Some(v1.version))
+    );
+
+    // Ingest commits v2; the engine has not taken it.
+    append(&lake, &[ACQ9]).await;
+    let v2 = lake.latest().await.unwrap();
+    assert!(v2.version > v1.version);
+    assert_eq!(
+        answer(grants).await,
+        (vec![7], v2.version, Some(v1.version))
+    );
+    let reads = engine.live_audit().unwrap().reads();
+    assert_eq!(
+        (reads.1, reads.2),
+        (1, 0),
+        "answered behind, the lake not audited"
+    );
+    // A query of the lake's own tables reads v2 and names no audit version.
+    let events = "SELECT count(*) AS n FROM lease_events";
+    let (_, lake_version, audit_version) = answer(events).await;
+    assert_eq!((lake_version, audit_version), (v2.version, None));
+
+    // The engine takes v2.
+    feed(&[ACQ9]);
+    shared.mark(v2.version, v2.rows_of(Table::LeaseEvents));
+    assert_eq!(
+        answer(grants).await,
+        (vec![7, 9], v2.version, Some(v2.version))
+    );
+
+    // Another writer's row in v3, which the engine never takes: its mark
+    // of v3 is not whole, so the lake is audited for v3.
+    append(&lake, &[ACQ8]).await;
+    let v3 = lake.latest().await.unwrap();
+    shared.mark(v3.version, v3.rows_of(Table::LeaseEvents));
+    let passed_before = engine.live_audit().unwrap().reads().2;
+    let (rows, _, audit_version) = answer(grants).await;
+    assert_eq!(audit_version, Some(v3.version), "the lake's own audit");
+    assert_eq!(rows, vec![7, 8, 9]);
+    assert_eq!(engine.live_audit().unwrap().reads().2, passed_before + 1);
+}

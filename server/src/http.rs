@@ -2,7 +2,10 @@
 //!
 //! - `POST /api/v1/sql`: the body is the query (or `{"query": "..."}` with
 //!   `Content-Type: application/json`); the `Accept` header picks JSON rows
-//!   (the default), CSV, NDJSON or an Arrow IPC stream.
+//!   (the default), CSV, NDJSON or an Arrow IPC stream. The response says
+//!   which lake version it read (`Leaseline-Lake-Version`) and, when the
+//!   query read the audit's tables, which version those answered for
+//!   (`Leaseline-Audit-Version`).
 //! - `GET /api/v1/leases/{lease_id}/timeline?from=&to=`: the grants of one
 //!   lease that overlap `[from, to)`. Lease ids contain `/`: percent-encode
 //!   it (`orders%2Forder-123`).
@@ -180,6 +183,12 @@ async fn sql(
     stream_response(format, result)
 }
 
+/// The lake version a SQL answer read.
+const LAKE_VERSION: header::HeaderName = header::HeaderName::from_static("leaseline-lake-version");
+/// The lake version the audit's tables in a SQL answer are for.
+const AUDIT_VERSION: header::HeaderName =
+    header::HeaderName::from_static("leaseline-audit-version");
+
 /// The rows as they are computed. An error after the first bytes can no
 /// longer change the status: it is logged and the connection is cut
 /// before the end of the body (a chunked body without its last chunk), so
@@ -190,6 +199,7 @@ fn stream_response(
 ) -> Result<Response, ServerError> {
     use futures::StreamExt;
 
+    let (lake_version, audit_version) = (result.lake_version, result.audit_version);
     let enc = output::Encoder::new(format, result.schema.clone())
         .map_err(|e| ServerError::Io(std::io::Error::other(e)))?;
     let body = futures::stream::unfold(
@@ -215,10 +225,17 @@ fn stream_response(
     )
     .filter(|chunk| std::future::ready(!matches!(chunk, Ok(b) if b.is_empty())));
     let mut resp = (StatusCode::OK, axum::body::Body::from_stream(body)).into_response();
-    resp.headers_mut().insert(
+    let headers = resp.headers_mut();
+    headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(format.content_type()),
     );
+    // Which commit the answer is for: the audit's tables may answer for
+    // an earlier one than the lake's while the alert engine catches up.
+    headers.insert(LAKE_VERSION, HeaderValue::from(lake_version));
+    if let Some(v) = audit_version {
+        headers.insert(AUDIT_VERSION, HeaderValue::from(v));
+    }
     Ok(resp)
 }
 

@@ -144,9 +144,10 @@ impl AlertEngine {
     }
 
     /// The engine has been given every event of lake snapshot `version`
-    /// that it will hold (see [`SharedAuditor`]).
-    pub fn mark(&self, version: u64) {
-        self.auditor.mark(version);
+    /// (`lake_rows` rows of `lease_events`) that it will hold (see
+    /// [`SharedAuditor`]).
+    pub fn mark(&self, version: u64, lake_rows: u64) {
+        self.auditor.mark(version, lake_rows);
     }
 
     /// Lets the audit forget the grants and violations that end before
