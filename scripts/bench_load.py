@@ -202,16 +202,19 @@ class Phase:
             t = self.elapsed()
             rows = self.committed()
             st = proc_status(self.proc.pid)
-            events = None
+            events = allocated = None
             try:
                 text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.http_port, timeout=5).read().decode()
                 events = metric(text, "leaseline_ingest_events_total")
+                allocated = metric(text, 'leaseline_allocator_bytes{kind="allocated"}')
+                self.audit_reads = {k: metric(text, 'leaseline_query_audit_reads_total{from="%s"}' % k)
+                                    for k in ("alert_engine", "alert_engine_earlier_commit", "lake")}
             except Exception:
                 pass
             with self.lock:
                 broker = proc_status(self.args.broker_pid).get("VmRSS") if self.args.broker_pid else None
                 self.samples.append((t, rows, st.get("VmRSS"), st.get("VmHWM"), events,
-                                     proc_cpu_seconds(self.proc.pid), broker))
+                                     proc_cpu_seconds(self.proc.pid), broker, allocated))
             self.stop.wait(max(0.0, 1.0 - (self.elapsed() - t)))
 
     # --- the clients --------------------------------------------------
@@ -350,7 +353,10 @@ class Phase:
             "serve_exit": code,
             "topic_drained": rows_end >= self.args.topic_events,
             "samples": [{"t": x[0], "committed": x[1], "rss_kib": x[2], "hwm_kib": x[3],
-                         "ingest_events_total": x[4], "cpu_s": x[5], "broker_rss_kib": x[6]} for x in s],
+                         "ingest_events_total": x[4], "cpu_s": x[5], "broker_rss_kib": x[6],
+                         "allocated_bytes": x[7]} for x in s],
+            # Where the audit tables' answers came from, at the last sample.
+            "audit_reads": getattr(self, "audit_reads", None),
         }
         if self.results or self.runaways:
             out["queries"] = self.query_summary()
