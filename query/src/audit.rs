@@ -328,13 +328,20 @@ const LIVE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 /// ([`Auditor::generation`]) when tables were derived from it.
 type DerivedFrom = (usize, u64);
 
+/// How old tables derived from the alert engine's auditor may be to answer
+/// a query while the engine is behind ingest. Catching up, the engine
+/// takes events continuously, so every query would otherwise derive the
+/// tables again, holding the lock the engine's feeder waits on for each:
+/// at 16 clients that held ingest up for most of the time.
+const BEHIND_REUSE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The derived tables of an auditor the process feeds as the lake commits
 /// (its alert engine's); see the module docs.
 pub struct LiveAudit {
     shared: SharedAuditor,
     /// The tables, and the number of events and the release they were
     /// derived from.
-    derived: std::sync::Mutex<Option<(DerivedFrom, Arc<AuditTables>)>>,
+    derived: std::sync::Mutex<Option<(DerivedFrom, std::time::Instant, Arc<AuditTables>)>>,
     /// Reads answered from the shared auditor for their own snapshot, for
     /// an earlier one, and those that audited the lake instead.
     answered: std::sync::atomic::AtomicU64,
@@ -396,6 +403,15 @@ impl LiveAudit {
                         Some(whole) => {
                             live.behind
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let derived = live.derived.lock().unwrap_or_else(|e| e.into_inner());
+                            if let Some((_, _, t)) = derived
+                                .as_ref()
+                                .filter(|(_, at, _)| at.elapsed() < BEHIND_REUSE)
+                            {
+                                // Their version says which commit they
+                                // answer for.
+                                return Some(t.clone());
+                            }
                             version = whole;
                         }
                         None => {
@@ -425,7 +441,7 @@ impl LiveAudit {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let key = (auditor.len(), auditor.generation());
             let mut derived = live.derived.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((_, t)) = derived.as_ref().filter(|(k, _)| *k == key) {
+            if let Some((_, _, t)) = derived.as_ref().filter(|(k, _, _)| *k == key) {
                 // The same events, read for another snapshot holding them
                 // (a compaction, a commit of the stored tables).
                 return Some(if t.version == version {
@@ -440,7 +456,7 @@ impl LiveAudit {
             let mut t = derive(&mut auditor, version);
             t.stored = auditor.stored();
             let t = Arc::new(t);
-            *derived = Some((key, t.clone()));
+            *derived = Some((key, std::time::Instant::now(), t.clone()));
             Some(t)
         };
         // The feeder waits for this lock: the work runs on the serving
