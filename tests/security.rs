@@ -45,6 +45,12 @@ fn psql(port: u16, sql: &str) -> std::process::Output {
         .expect("psql")
 }
 
+/// Posts `sql` to the HTTP SQL endpoint at `base` from another thread.
+fn sql_in_background(base: &str, sql: &'static str) -> std::thread::JoinHandle<HttpReply> {
+    let url = format!("{base}/api/v1/sql");
+    std::thread::spawn(move || curl(&["-X", "POST", "--data-binary", sql, &url]))
+}
+
 /// `/health` answers 200, and how long it took.
 fn health(server: &Server) -> Duration {
     let started = Instant::now();
@@ -157,16 +163,7 @@ fn runaway_queries_time_out_while_health_and_signals_are_answered() {
     assert_eq!(small.json()[0]["n"], 84);
     // And a runaway in flight does not hold up SIGTERM: the health checks
     // run while it is being worked on.
-    let url2 = url.clone();
-    let pending = std::thread::spawn(move || {
-        curl(&[
-            "-X",
-            "POST",
-            "--data-binary",
-            runaway,
-            &format!("{url2}/api/v1/sql"),
-        ])
-    });
+    let pending = sql_in_background(&url, runaway);
     for _ in 0..5 {
         health(&server);
         std::thread::sleep(Duration::from_millis(100));
@@ -411,16 +408,7 @@ fn queries_past_the_concurrency_cap_wait_then_are_refused_as_busy() {
     );
     let runaway =
         "SELECT sum(length(CAST(value AS VARCHAR))) AS n FROM generate_series(1, 1000000000000)";
-    let url = server.http.clone();
-    let first = std::thread::spawn(move || {
-        curl(&[
-            "-X",
-            "POST",
-            "--data-binary",
-            runaway,
-            &format!("{url}/api/v1/sql"),
-        ])
-    });
+    let first = sql_in_background(&server.http, runaway);
     // Until the runaway holds the only place, a small query gets it.
     let q = "SELECT count(*) AS n FROM lease_events";
     assert!(
@@ -513,20 +501,8 @@ fn a_join_that_makes_rows_faster_than_it_reads_stops_at_its_timeout() {
     // very little input. Two at once, as many as the machine has cores.
     let runaway = "SELECT count(*) AS n FROM generate_series(1, 3000000) a \
                    CROSS JOIN generate_series(1, 3000000) b";
-    let url = server.http.clone();
     let clients: Vec<_> = (0..2)
-        .map(|_| {
-            let url = url.clone();
-            std::thread::spawn(move || {
-                curl(&[
-                    "-X",
-                    "POST",
-                    "--data-binary",
-                    runaway,
-                    &format!("{url}/api/v1/sql"),
-                ])
-            })
-        })
+        .map(|_| sql_in_background(&server.http, runaway))
         .collect();
     for c in clients {
         let reply = c.join().unwrap();

@@ -43,28 +43,20 @@ fn main() {
                     .unwrap()
                     .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
             };
-            let lines = [
-                format!(
-                    r#"{{"ts":"{}","kind":"acquired","source":"coordinator","lease_id":"jobs/{i}","holder_id":"pod-{i}","fencing_token":1,"ttl_ms":6000,"event_id":"{i}-a"}}"#,
-                    at(0)
-                ),
-                format!(
-                    r#"{{"ts":"{}","kind":"renewed","source":"holder","lease_id":"jobs/{i}","holder_id":"pod-{i}","fencing_token":1,"ttl_ms":6000,"event_id":"{i}-r1"}}"#,
-                    at(2)
-                ),
-                format!(
-                    r#"{{"ts":"{}","kind":"renewed","source":"holder","lease_id":"jobs/{i}","holder_id":"pod-{i}","fencing_token":1,"ttl_ms":6000,"event_id":"{i}-r2"}}"#,
-                    at(4)
-                ),
-                format!(
-                    r#"{{"ts":"{}","kind":"renewed","source":"holder","lease_id":"jobs/{i}","holder_id":"pod-{i}","fencing_token":1,"ttl_ms":6000,"event_id":"{i}-r3"}}"#,
-                    at(6)
-                ),
-                format!(
-                    r#"{{"ts":"{}","kind":"released","source":"holder","lease_id":"jobs/{i}","holder_id":"pod-{i}","fencing_token":1,"event_id":"{i}-x"}}"#,
-                    at(8)
-                ),
+            // One grant: acquired, renewed three times, released.
+            let steps = [
+                (0, "acquired", "coordinator", "a"),
+                (2, "renewed", "holder", "r1"),
+                (4, "renewed", "holder", "r2"),
+                (6, "renewed", "holder", "r3"),
+                (8, "released", "holder", "x"),
             ];
+            let lines = steps.map(|(s, kind, source, id)| {
+                format!(
+                    r#"{{"ts":"{}","kind":"{kind}","source":"{source}","lease_id":"jobs/{i}","holder_id":"pod-{i}","fencing_token":1,"ttl_ms":6000,"event_id":"{i}-{id}"}}"#,
+                    at(s)
+                )
+            });
             for l in &lines {
                 auditor.push(&decode(l.as_bytes()).unwrap());
             }

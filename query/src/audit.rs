@@ -389,6 +389,8 @@ impl LiveAudit {
     pub async fn tables(self: &Arc<Self>, m: &Manifest) -> Result<Option<Arc<AuditTables>>> {
         let (live, version, rows) = (self.clone(), m.version, m.rows_of(Table::LeaseEvents));
         let work = move || {
+            use std::sync::atomic::Ordering::Relaxed;
+            let asked = version;
             let mut version = version;
             if !live.shared.covers(version, rows) {
                 // A commit the engine has not taken yet: it soon will.
@@ -401,8 +403,6 @@ impl LiveAudit {
                     // takes commits: the newest one it holds whole answers.
                     match live.shared.newest_whole(version) {
                         Some(whole) => {
-                            live.behind
-                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let derived = live.derived.lock().unwrap_or_else(|e| e.into_inner());
                             if let Some((_, _, t)) = derived
                                 .as_ref()
@@ -410,13 +410,13 @@ impl LiveAudit {
                             {
                                 // Their version says which commit they
                                 // answer for.
+                                live.behind.fetch_add(1, Relaxed);
                                 return Some(t.clone());
                             }
                             version = whole;
                         }
                         None => {
-                            live.passed
-                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            live.passed.fetch_add(1, Relaxed);
                             return None;
                         }
                     }
@@ -433,12 +433,14 @@ impl LiveAudit {
                 || !auditor.voided().is_empty()
                 || (released && auditor.stored().is_none())
             {
-                live.passed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                live.passed.fetch_add(1, Relaxed);
                 return None;
             }
-            live.answered
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if version == asked {
+                live.answered.fetch_add(1, Relaxed);
+            } else {
+                live.behind.fetch_add(1, Relaxed);
+            }
             let key = (auditor.len(), auditor.generation());
             let mut derived = live.derived.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((_, _, t)) = derived.as_ref().filter(|(k, _, _)| *k == key) {
