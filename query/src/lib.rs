@@ -676,6 +676,51 @@ pub async fn run_read_only(ctx: &SessionContext, query: &str) -> Result<Vec<Reco
     Ok(df.collect().await?)
 }
 
+/// The commits the live tables of a statement read: the newest lake
+/// version any of its scans took, and the oldest version the audit's tables
+/// answered for. A surface that plans through one long-lived session (the
+/// PostgreSQL protocol) learns them with [`recording_versions`], since its
+/// scans each take the newest snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VersionsRead {
+    pub lake: Option<u64>,
+    pub audit: Option<u64>,
+}
+
+impl VersionsRead {
+    /// The audit's tables answered for an earlier commit than the lake's
+    /// tables were read at (the alert engine is catching up).
+    pub fn audit_behind(&self) -> Option<(u64, u64)> {
+        match (self.audit, self.lake) {
+            (Some(audit), Some(lake)) if audit < lake => Some((audit, lake)),
+            _ => None,
+        }
+    }
+
+    fn note(&mut self, lake: u64, audit: Option<u64>) {
+        self.lake = Some(self.lake.map_or(lake, |v| v.max(lake)));
+        if let Some(a) = audit {
+            self.audit = Some(self.audit.map_or(a, |v| v.min(a)));
+        }
+    }
+}
+
+tokio::task_local! {
+    static VERSIONS_READ: std::cell::Cell<VersionsRead>;
+}
+
+/// Runs `work` (the planning of statements over a [`QueryEngine::live_session`])
+/// and returns what its live tables' scans read. Scans run while a plan is
+/// made, so `work` must include making the physical plan.
+pub async fn recording_versions<F: std::future::Future>(work: F) -> (F::Output, VersionsRead) {
+    VERSIONS_READ
+        .scope(std::cell::Cell::new(VersionsRead::default()), async move {
+            let out = work.await;
+            (out, VERSIONS_READ.with(std::cell::Cell::get))
+        })
+        .await
+}
+
 /// Which table a [`LiveTable`] is.
 #[derive(Debug, Clone, Copy)]
 enum LiveKind {
@@ -714,17 +759,32 @@ impl TableProvider for LiveTable {
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
         let (m, pending) = self.engine.snapshot().await.map_err(into_datafusion)?;
-        let provider: Arc<dyn TableProvider> = match self.kind {
-            LiveKind::Lake(t) => self
-                .engine
-                .provider_with(&m, t, pending.as_deref())
-                .map_err(into_datafusion)?,
-            LiveKind::Audit(view) => Arc::new(AuditTableProvider {
-                view,
-                source: self.engine.audit_source(m, pending.as_deref()),
-            }),
+        let version = m.version;
+        let (provider, source): (Arc<dyn TableProvider>, _) = match self.kind {
+            LiveKind::Lake(t) => (
+                self.engine
+                    .provider_with(&m, t, pending.as_deref())
+                    .map_err(into_datafusion)?,
+                None,
+            ),
+            LiveKind::Audit(view) => {
+                let source = self.engine.audit_source(m, pending.as_deref());
+                let provider = Arc::new(AuditTableProvider {
+                    view,
+                    source: source.clone(),
+                });
+                (provider, Some(source))
+            }
         };
-        provider.scan(state, projection, filters, limit).await
+        let plan = provider.scan(state, projection, filters, limit).await?;
+        // The audit's scan has derived its tables by now.
+        let audit = source.and_then(|s| s.answered_version());
+        let _ = VERSIONS_READ.try_with(|read| {
+            let mut r = read.get();
+            r.note(version, audit);
+            read.set(r);
+        });
+        Ok(plan)
     }
 }
 

@@ -587,9 +587,10 @@ impl SimpleQueryHandler for PgService {
         let limit = self.limit(client);
         let deadline = Instant::now() + limit;
         let work = <DfSessionService as SimpleQueryHandler>::do_query(&self.inner, client, query);
-        let responses = timeout_at(deadline, work)
-            .await
-            .map_err(|_| timed_out(limit))??;
+        let (responses, read) =
+            leaseline_query::recording_versions(timeout_at(deadline, work)).await;
+        let responses = responses.map_err(|_| timed_out(limit))??;
+        say_versions(client, read).await?;
         Ok(responses
             .into_iter()
             .map(|r| self.bounded(r, deadline, limit, permit.clone(), handle.clone()))
@@ -628,11 +629,39 @@ impl ExtendedQueryHandler for PgService {
             portal,
             max_rows,
         );
-        let response = timeout_at(deadline, work)
-            .await
-            .map_err(|_| timed_out(limit))??;
+        let (response, read) =
+            leaseline_query::recording_versions(timeout_at(deadline, work)).await;
+        let response = response.map_err(|_| timed_out(limit))??;
+        say_versions(client, read).await?;
         Ok(self.bounded(response, deadline, limit, permit, handle))
     }
+}
+
+/// Says, in a NOTICE before the rows, when the audit's tables answered for
+/// an earlier commit than the lake's tables were read at: the alert engine
+/// is catching up with ingest (docs/audit-and-sql.md). HTTP says the same
+/// in its `Leaseline-*-Version` headers, on every answer; a NOTICE on every
+/// statement would be noise in psql, so it comes only when they differ.
+async fn say_versions<C>(client: &mut C, read: leaseline_query::VersionsRead) -> PgWireResult<()>
+where
+    C: Sink<PgWireBackendMessage> + Unpin + Send,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    let Some((audit, lake)) = read.audit_behind() else {
+        return Ok(());
+    };
+    let notice = ErrorInfo::new(
+        "NOTICE".to_owned(),
+        "00000".to_owned(),
+        format!(
+            "lease_timeline, lease_violations and lease_holders answer for lake version {audit}, \
+             the lake's tables for version {lake}: the alert engine is catching up with ingest"
+        ),
+    );
+    client
+        .send(PgWireBackendMessage::NoticeResponse(notice.into()))
+        .await?;
+    Ok(())
 }
 
 fn timed_out(limit: Duration) -> PgWireError {
