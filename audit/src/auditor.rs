@@ -618,11 +618,17 @@ impl Auditor {
             if state.stale || state.events.is_empty() {
                 continue;
             }
+            // No event of a quiet lease is newer than the cutoff: it may
+            // get none for the rest of the process's life.
+            let quiet = state.max_ts < cutoff;
             // The derived grants of this lease must be in the scratch.
             state.recompute(&self.strings, &self.ids, self.tol, &mut self.scratch);
             let Some(cut) =
                 crate::settle::find_cut(&state.events, &self.scratch, self.tol, cutoff, state.cut)
             else {
+                if quiet {
+                    state.shrink();
+                }
                 continue;
             };
             let grants = state
@@ -641,6 +647,9 @@ impl Auditor {
             state.apply_cut(cut, &self.scratch);
             // Answers from the kept events, filtered at the new cut.
             state.recompute(&self.strings, &self.ids, self.tol, &mut self.scratch);
+            if quiet {
+                state.shrink();
+            }
             out.push(Settled {
                 lease_id: state.id.clone(),
                 grants,

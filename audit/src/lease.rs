@@ -110,6 +110,20 @@ impl LeaseState {
         self.events.push(ev);
     }
 
+    /// Gives back what the lease's vectors hold beyond their contents.
+    /// [`LeaseState::push`] grows by at least 16 events, so a lease of a
+    /// few events that has gone quiet would keep most of a kilobyte empty
+    /// for as long as the process runs; a fleet that names a new lease per
+    /// job leaves one such lease per job.
+    pub fn shrink(&mut self) {
+        self.events.shrink_to_fit();
+        self.grants.shrink_to_fit();
+        self.violations.shrink_to_fit();
+        self.drained.shrink_to_fit();
+        self.settled_holders.shrink_to_fit();
+        self.holders_from_cut.shrink_to_fit();
+    }
+
     pub fn remove(&mut self, pos: usize) -> Ev {
         self.count -= 1;
         let ev = self.events.remove(pos);
