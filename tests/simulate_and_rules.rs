@@ -1464,3 +1464,52 @@ fn import_alerts_on_events_later_than_what_its_audit_keeps() {
         "lease_id,kind,fencing_token,other_fencing_token\nmade-1,overlapping_ownership,2,1\n"
     );
 }
+
+/// The token churn query of docs/incident-queries.md counts grants and
+/// distinct holders in two groupings; it must answer what `count(*)` and
+/// `count(DISTINCT holder_id)` do.
+#[test]
+fn the_token_churn_query_counts_what_count_distinct_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("churn.ndjson");
+    run_ok(
+        leaseline()
+            .args([
+                "simulate", "--events", "6000", "--leases", "8", "--crash", "0.05",
+            ])
+            .args(["--double-grant", "0.05", "--output"])
+            .arg(&events),
+    );
+    let lake = dir.path().join("lake");
+    import_with(&lake, &[&events], &[]);
+    let sql = |q: &str| {
+        let out = leaseline()
+            .args(["sql", "--lake"])
+            .arg(&lake)
+            .args([q, "--format", "csv"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let two_groupings = sql(
+        "SELECT lease_id, backend, sum(grants) AS grants, count(*) AS holders
+         FROM (SELECT lease_id, backend, holder_id, count(*) AS grants
+               FROM lease_timeline GROUP BY lease_id, backend, holder_id) per_holder
+         GROUP BY lease_id, backend ORDER BY lease_id, backend",
+    );
+    let distinct = sql(
+        "SELECT lease_id, backend, count(*) AS grants, count(DISTINCT holder_id) AS holders
+         FROM lease_timeline GROUP BY lease_id, backend ORDER BY lease_id, backend",
+    );
+    assert_eq!(two_groupings, distinct);
+    assert!(distinct.lines().count() > 4, "a row per lease:\n{distinct}");
+    assert!(
+        distinct.lines().skip(1).any(|l| !l.ends_with(",1")),
+        "some lease had more than one holder:\n{distinct}"
+    );
+}
