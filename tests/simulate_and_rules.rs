@@ -1482,29 +1482,19 @@ fn the_token_churn_query_counts_what_count_distinct_does() {
     );
     let lake = dir.path().join("lake");
     import_with(&lake, &[&events], &[]);
-    let sql = |q: &str| {
-        let out = leaseline()
-            .args(["sql", "--lake"])
-            .arg(&lake)
-            .args([q, "--format", "csv"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
     let two_groupings = sql(
+        &lake,
         "SELECT lease_id, backend, sum(grants) AS grants, count(*) AS holders
          FROM (SELECT lease_id, backend, holder_id, count(*) AS grants
                FROM lease_timeline GROUP BY lease_id, backend, holder_id) per_holder
          GROUP BY lease_id, backend ORDER BY lease_id, backend",
+        "csv",
     );
     let distinct = sql(
+        &lake,
         "SELECT lease_id, backend, count(*) AS grants, count(DISTINCT holder_id) AS holders
          FROM lease_timeline GROUP BY lease_id, backend ORDER BY lease_id, backend",
+        "csv",
     );
     assert_eq!(two_groupings, distinct);
     assert!(distinct.lines().count() > 4, "a row per lease:\n{distinct}");

@@ -3,37 +3,13 @@
 //! without counting events twice, and a query over an older snapshot does
 //! not disturb the cache.
 
-use arrow::array::AsArray;
-use leaseline_lake::{Change, CompactionPolicy, Lake, Table};
-use leaseline_query::QueryEngine;
-use leaseline_schema::{decode, EventBatchBuilder, Origin};
+mod common;
 
-async fn append(lake: &Lake, lines: &[&str]) {
-    let mut b = EventBatchBuilder::new();
-    for (i, l) in lines.iter().enumerate() {
-        let e = decode(l.as_bytes()).unwrap();
-        b.append(
-            &e,
-            &Origin::File {
-                path: "t.ndjson",
-                line: i as u64 + 1,
-            },
-            0,
-        );
-    }
-    let files = lake.write(Table::LeaseEvents, &b.finish()).await.unwrap();
-    let base = lake.latest().await.unwrap();
-    lake.commit(
-        &base,
-        &Change::Append {
-            files,
-            kafka: vec![],
-            reject_kafka: vec![],
-        },
-    )
-    .await
-    .unwrap();
-}
+use arrow::array::AsArray;
+use common::append;
+use leaseline_lake::{CompactionPolicy, Lake, Table};
+use leaseline_query::QueryEngine;
+use leaseline_schema::decode;
 
 const ACQ7: &str = r#"{"ts":"2026-09-14T10:00:00Z","kind":"acquired","source":"coordinator","lease_id":"L","holder_id":"a","fencing_token":7,"ttl_ms":10000,"event_id":"a7"}"#;
 // Renewals without event_id: a second push of the same file would count
@@ -205,7 +181,7 @@ async fn big_derived_tables_come_in_modest_batches_in_order() {
             )
         })
         .collect();
-    append(&lake, &lines.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    append(&lake, &lines).await;
     let engine = QueryEngine::new(lake.clone());
     let tables = engine.audit_tables().await.unwrap();
     let holders = tables.get(leaseline_query::AuditView::Holders);

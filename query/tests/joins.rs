@@ -4,30 +4,12 @@
 //! by. This is how the evidence of a violation is looked up
 //! (docs/incident-queries.md) without reading every event.
 
-use arrow::array::AsArray;
-use leaseline_lake::{Change, Lake, Table};
-use leaseline_query::QueryEngine;
-use leaseline_schema::{decode, EventBatchBuilder, Origin};
+mod common;
 
-/// Commits `lines` as one file of `lease_events`.
-async fn append(lake: &Lake, lines: &[String]) {
-    let mut b = EventBatchBuilder::new();
-    for (i, l) in lines.iter().enumerate() {
-        let origin = Origin::File {
-            path: "t.ndjson",
-            line: i as u64 + 1,
-        };
-        b.append(&decode(l.as_bytes()).unwrap(), &origin, 0);
-    }
-    let files = lake.write(Table::LeaseEvents, &b.finish()).await.unwrap();
-    let base = lake.latest().await.unwrap();
-    let change = Change::Append {
-        files,
-        kafka: vec![],
-        reject_kafka: vec![],
-    };
-    lake.commit(&base, &change).await.unwrap();
-}
+use arrow::array::AsArray;
+use common::append;
+use leaseline_lake::Lake;
+use leaseline_query::QueryEngine;
 
 fn acquired(second: u32, holder: &str, token: u64, event_id: &str) -> String {
     format!(

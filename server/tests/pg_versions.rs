@@ -5,34 +5,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+// The query tests' helpers: one way to commit test events.
+#[path = "../../query/tests/common/mod.rs"]
+mod common;
+
+use common::append;
 use futures::StreamExt;
-use leaseline_lake::{Change, Lake, Manifest, Table};
+use leaseline_lake::{Lake, Table};
 use leaseline_query::QueryEngine;
-use leaseline_schema::{decode, EventBatchBuilder, Origin};
+use leaseline_schema::decode;
 use tokio_postgres::AsyncMessage;
 
 const ACQ7: &str = r#"{"ts":"2026-09-14T10:00:00Z","kind":"acquired","source":"coordinator","lease_id":"L","holder_id":"a","fencing_token":7,"ttl_ms":10000,"event_id":"a7"}"#;
 const ACQ9: &str = r#"{"ts":"2026-09-14T10:00:30Z","kind":"acquired","source":"coordinator","lease_id":"L","holder_id":"c","fencing_token":9,"ttl_ms":10000,"event_id":"c9"}"#;
-
-async fn append(lake: &Lake, lines: &[&str]) -> Manifest {
-    let mut b = EventBatchBuilder::new();
-    for (i, l) in lines.iter().enumerate() {
-        let origin = Origin::File {
-            path: "t.ndjson",
-            line: i as u64 + 1,
-        };
-        b.append(&decode(l.as_bytes()).unwrap(), &origin, 0);
-    }
-    let files = lake.write(Table::LeaseEvents, &b.finish()).await.unwrap();
-    let base = lake.latest().await.unwrap();
-    let change = Change::Append {
-        files,
-        kafka: vec![],
-        reject_kafka: vec![],
-    };
-    lake.commit(&base, &change).await.unwrap();
-    lake.latest().await.unwrap()
-}
 
 /// Runs `sql` on a new connection, by the extended protocol or, when
 /// `simple`, the simple one: its rows' first column, and the notices that
