@@ -435,11 +435,11 @@ impl QueryEngine {
         // both sides into partitions. The filter a join pushes into its
         // probe side's scan is then `event_id IN (...)` itself, which the
         // lake's bloom filters and statistics prune row groups by: looking
-        // up a violation's evidence reads a few row groups of
-        // `lease_events`, not every row of it. Partitioned, the filter is
+        // up a violation's evidence reads only the row groups of
+        // `lease_events` that may hold its ids. Partitioned, the filter is
         // a per-partition CASE no pruning can read, and the whole probe
-        // side is hashed and buffered between the two. Building one hash
-        // table costs no more memory than its partitions together.
+        // side is hashed and buffered between the two partitions. One
+        // hash table holds no more than its partitions together.
         config.options_mut().optimizer.repartition_joins = false;
         // A runtime per session, so the memory limit is per query, drawing
         // on the process's pool. Spilling is off: a read-only service
