@@ -650,12 +650,18 @@ where
     let Some((audit, lake)) = read.audit_behind() else {
         return Ok(());
     };
+    let names: Vec<&str> = leaseline_query::AuditView::ALL
+        .iter()
+        .map(|v| v.name())
+        .collect();
+    let (last, rest) = names.split_last().expect("the audit has tables");
     let notice = ErrorInfo::new(
         "NOTICE".to_owned(),
         "00000".to_owned(),
         format!(
-            "lease_timeline, lease_violations and lease_holders answer for lake version {audit}, \
-             the lake's tables for version {lake}: the alert engine is catching up with ingest"
+            "{} and {last} answer for lake version {audit}, the lake's tables for version \
+             {lake}: the alert engine is catching up with ingest",
+            rest.join(", ")
         ),
     );
     client
