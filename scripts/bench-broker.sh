@@ -30,7 +30,16 @@ bench_prepare() {
     python3 -c "import ${m%%=*}" 2>/dev/null ||
       python3 -m pip install --quiet --disable-pip-version-check "${m#*=}"
   done
-  cargo build --release -p leaseline --bin leaseline --example bench_load
+  # LEASELINE_HEAP_PROFILE=DIR: jemalloc's heap profiler on (a sample
+  # every 1 MiB allocated on average), a profile of what is live written
+  # to DIR every 8 GiB allocated and at exit, for `jeprof --base`.
+  local features=()
+  if [ -n "${LEASELINE_HEAP_PROFILE:-}" ]; then
+    features=(--features heap-profile)
+    mkdir -p "$LEASELINE_HEAP_PROFILE"
+    export _RJEM_MALLOC_CONF="prof:true,lg_prof_sample:20,lg_prof_interval:33,prof_final:true,prof_prefix:$(realpath "$LEASELINE_HEAP_PROFILE")/jeprof"
+  fi
+  cargo build --release -p leaseline --bin leaseline --example bench_load "${features[@]}"
   target=${CARGO_TARGET_DIR:-target}
   bin=$target/release/leaseline
   work=$(mktemp -d)

@@ -20,6 +20,10 @@
 #   ROUNDS  timed runs of each reader (default 5; 0 builds the lake only)
 #   LAKE    where the lake is built once and kept
 #           (default target/bench-stored-EVENTS-WINDOW)
+#
+# With LEASELINE_HEAP_PROFILE=DIR, serve runs with jemalloc's heap profiler
+# and writes profiles of what is live to DIR (scripts/bench-broker.sh); read
+# two of them with `jeprof --text --base=EARLIER BINARY LATER`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 events=${1:-10000000}
@@ -70,14 +74,18 @@ if [ ! -d "$lake/lease_events/_delta_log" ]; then
   # RSS against events committed, every 2 s, for the memory curve
   # (docs/serve-rss.png is drawn from such a file by scripts/plot_rss.py).
   rss_csv=$(realpath "$lake")/../bench-stored-$events-$window.rss.csv
-  echo "seconds,events,rss_mib" >"$rss_csv"
+  # allocated_mib: what the process's data holds (jemalloc's count), so
+  # that a rising RSS can be told apart as data or as the allocator's.
+  echo "seconds,events,rss_mib,allocated_mib" >"$rss_csv"
   (
     until api=$(grep -o 'HTTP API listening on http://[0-9.:]*' "$work/serve.log" | sed 's|.*http://||'); do sleep 0.2; done
     t0=$(date +%s.%N)
     while kill -0 "$serve_pid" 2>/dev/null; do
-      n=$(curl -s "http://$api/metrics" | awk '/^leaseline_ingest_events_total/ {s += $2} END {printf "%d", s}')
+      metrics=$(curl -s "http://$api/metrics")
+      n=$(awk '/^leaseline_ingest_events_total/ {s += $2} END {printf "%d", s}' <<<"$metrics")
+      allocated=$(awk '/^leaseline_allocator_bytes\{kind="allocated"\}/ {printf "%d", $2 / 1048576}' <<<"$metrics")
       rss=$(awk '/VmRSS/ {printf "%d", $2 / 1024}' "/proc/$serve_pid/status" 2>/dev/null) || break
-      echo "$(echo "$(date +%s.%N) - $t0" | bc),$n,$rss" >>"$rss_csv"
+      echo "$(echo "$(date +%s.%N) - $t0" | bc),$n,$rss,$allocated" >>"$rss_csv"
       sleep 2
     done
   ) &
