@@ -89,7 +89,9 @@ pub struct Auditor {
     log: Vec<Ev>,
     events: usize,
     latest: Option<i64>,
-    /// Leases to recompute before the next read.
+    /// Leases to recompute before the next read, each once
+    /// (`LeaseState::listed`): a serve with no reader never refreshes, so
+    /// a lease listed again at each touch would grow this with the events.
     dirty: Vec<Sym>,
     /// Leases changed since the last `drain_changes`.
     undrained: Vec<Sym>,
@@ -426,8 +428,9 @@ impl Auditor {
     /// Marks a lease for recompute and for the next `drain_changes`.
     fn touch(&mut self, lease: Sym) {
         let state = &mut self.states[lease as usize];
-        if !state.dirty {
-            state.dirty = true;
+        state.dirty = true;
+        if !state.listed {
+            state.listed = true;
             self.dirty.push(lease);
         }
         if !state.undrained {
@@ -477,6 +480,9 @@ impl Auditor {
     fn refresh(&mut self) {
         self.file_log();
         let dirty = std::mem::take(&mut self.dirty);
+        for &lease in &dirty {
+            self.states[lease as usize].listed = false;
+        }
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         if dirty.len() >= PARALLEL_MIN_LEASES && threads > 1 {
             self.recompute_parallel(threads);
@@ -1015,5 +1021,41 @@ fn diff(old: &[Violation], new: &[Violation], out: &mut ViolationChanges) {
             }
             (None, None) => break,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Auditor;
+
+    fn event(lease: &str, i: usize) -> leaseline_schema::LeaseEvent<'static> {
+        let line = format!(
+            r#"{{"event_id":"{lease}-{i}","ts":"2026-09-14T10:{:02}:{:02}Z","kind":"renewed","source":"holder","lease_id":"{lease}","holder_id":"h","fencing_token":7}}"#,
+            i / 60,
+            i % 60
+        );
+        leaseline_schema::decode(line.as_bytes())
+            .expect("a contract event")
+            .into_owned()
+    }
+
+    /// The live engine drains changes after every batch and reads no
+    /// table; each lease must stay listed for recompute once, not once
+    /// per batch that touched it.
+    #[test]
+    fn leases_drained_between_refreshes_are_listed_once() {
+        let mut a = Auditor::default();
+        for i in 0..600 {
+            for lease in ["a", "b", "c"] {
+                a.push(&event(lease, i));
+            }
+            a.drain_changes();
+            assert!(a.dirty.len() <= 3, "listed {} times", a.dirty.len());
+        }
+        // A refresh still recomputes what changed since the last drain.
+        a.push(&event("a", 600));
+        a.timeline();
+        assert!(a.dirty.is_empty());
+        assert!(a.states.iter().all(|s| !s.dirty && !s.listed));
     }
 }

@@ -35,6 +35,11 @@ pub(crate) struct LeaseState {
     pub dirty: bool,
     /// Events changed since the last `drain_changes`.
     pub undrained: bool,
+    /// In the auditor's list of leases to recompute at the next refresh.
+    /// Apart from `dirty`: a lease recomputed outside a refresh (by
+    /// `drain_changes`, a settle, one lease's answer) is no longer dirty
+    /// but still listed, and must not be listed again when next touched.
+    pub listed: bool,
     pub id: Arc<str>,
     pub grants: Vec<CachedGrant>,
     pub violations: Vec<Violation>,
@@ -70,6 +75,7 @@ impl LeaseState {
             max_ts: i64::MIN,
             dirty: false,
             undrained: false,
+            listed: false,
             grants: Vec::new(),
             violations: Vec::new(),
             drained: Vec::new(),
@@ -88,11 +94,12 @@ impl LeaseState {
     /// history; the violations drained so far stay.
     pub fn reset(&mut self) {
         let drained = std::mem::take(&mut self.drained);
-        let (dirty, undrained) = (self.dirty, self.undrained);
+        let (dirty, undrained, listed) = (self.dirty, self.undrained, self.listed);
         *self = LeaseState::new(self.id.clone());
         self.drained = drained;
         self.dirty = dirty;
         self.undrained = undrained;
+        self.listed = listed;
     }
 
     /// Declares the events in canonical order.
