@@ -55,6 +55,19 @@ type Name = Arc<str>;
 
 const US: i64 = 1_000_000;
 
+/// How much later in event time than a grant's first report a second one
+/// (the holder's and the coordinator's) still counts as the same grant.
+/// They come within seconds; this is a wide margin over clock skew, and
+/// what it costs is this much of the fleet's grants held in memory (an
+/// hour of them, at 200,000 grants a minute, was most of the growth of
+/// `serve --ingest` with the events it had taken). A second report later
+/// than that is counted again, in its own step.
+const GRANT_REPORT_SPAN: i64 = 5 * 60 * US;
+
+/// How far the watermark moves between two sweeps of the grants
+/// reported: each sweep visits every grant held.
+const GRANT_SWEEP_EVERY: i64 = 60 * US;
+
 fn micros(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
@@ -89,8 +102,9 @@ pub struct AlertEngine {
     /// the lease is re-audited ([`AlertEngine::reload`]), so that only what
     /// the late event changed comes out as appeared or retracted.
     settled_violations: HashMap<Name, Vec<Violation>>,
-    pushed: u64,
     late_events: u64,
+    /// The horizon of the last sweep of the grants reported.
+    grants_swept: i64,
 }
 
 impl AlertEngine {
@@ -125,8 +139,8 @@ impl AlertEngine {
             last_eval: i64::MIN,
             unconfirmed: BTreeSet::new(),
             settled_violations: HashMap::new(),
-            pushed: 0,
             late_events: 0,
+            grants_swept: i64::MIN,
         }
     }
 
@@ -289,7 +303,6 @@ impl AlertEngine {
         let named = ev.backend.as_deref().map(|b| auditor.intern(b));
         let holder = ev.holder_id.as_deref().map(|h| auditor.intern(h));
         drop(auditor);
-        self.pushed += 1;
         let ts = ev.ts_us;
         if ts < self.watermark {
             self.late_events += 1;
@@ -433,14 +446,13 @@ impl AlertEngine {
     fn prune(&mut self) {
         let keep = self.rules.iter().map(|r| r.history()).max().unwrap_or(0) + self.steps.step;
         let floor = self.last_eval.saturating_sub(keep);
-        // A second report of a grant comes within seconds; an hour past
-        // the watermark, grants are let go in bulk.
-        let n = self.steps.grants_len();
-        let grants =
-            ((self.pushed.is_multiple_of(65_536) || n > 4 * 65_536) && n > 65_536).then(|| {
-                self.watermark
-                    .saturating_sub(3600 * US + micros(self.cfg.lateness))
-            });
+        let horizon = self
+            .watermark
+            .saturating_sub(GRANT_REPORT_SPAN + micros(self.cfg.lateness));
+        let grants = (horizon > self.grants_swept.saturating_add(GRANT_SWEEP_EVERY)).then(|| {
+            self.grants_swept = horizon;
+            horizon
+        });
         self.steps.prune(floor, grants);
     }
 
@@ -452,5 +464,85 @@ impl AlertEngine {
     /// Every alert now pending or firing.
     pub fn active(&self) -> Vec<Alert> {
         self.lifecycle.active().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AlertEngine, GRANT_REPORT_SPAN, US};
+    use crate::config::AlertsConfig;
+    use leaseline_audit::AuditConfig;
+
+    const START: i64 = 1_789_380_000 * US; // 2026-09-14T10:00:00Z
+
+    fn acquired(
+        source: &str,
+        lease: usize,
+        token: u64,
+        ts: i64,
+    ) -> leaseline_schema::LeaseEvent<'static> {
+        let at = chrono_free(ts);
+        let line = format!(
+            r#"{{"event_id":"{source}-{lease}-{token}","ts":"{at}","kind":"acquired","source":"{source}","lease_id":"L{lease}","holder_id":"h","fencing_token":{token},"ttl_ms":10000}}"#
+        );
+        leaseline_schema::decode(line.as_bytes())
+            .expect("a contract event")
+            .into_owned()
+    }
+
+    /// RFC 3339 of a time on 2026-09-14, whole milliseconds.
+    fn chrono_free(ts: i64) -> String {
+        let ms = (ts - START) / 1000;
+        let (h, m, s, f) = (
+            10 + ms / 3_600_000,
+            ms / 60_000 % 60,
+            ms / 1000 % 60,
+            ms % 1000,
+        );
+        format!("2026-09-14T{h:02}:{m:02}:{s:02}.{f:03}Z")
+    }
+
+    /// Grants are remembered for their second report only as long as one
+    /// may come: what the engine holds does not grow with the grants of
+    /// the whole history, and a grant reported twice still counts once.
+    #[test]
+    fn grants_reported_are_let_go_once_their_second_report_is_past() {
+        let mut e = AlertEngine::new(AlertsConfig::default(), AuditConfig::default(), None);
+        let lateness = super::micros(AlertsConfig::default().lateness);
+        let mut held = Vec::new();
+        // 40 minutes, a new grant of each of 10 leases every 10 s.
+        for step in 0..240u64 {
+            let ts = START + step as i64 * 10 * US;
+            for lease in 0..10 {
+                assert!(e.push(&acquired("coordinator", lease, 100 + step, ts)));
+            }
+            // The holder's report, 2 s later: the same grant.
+            for lease in 0..10 {
+                assert!(e.push(&acquired("holder", lease, 100 + step, ts + 2 * US)));
+            }
+            e.advance(ts - lateness);
+            held.push(e.steps.grants_len());
+        }
+        let newest = START + 239 * 10 * US - lateness;
+        // What was first reported within the span of the horizon (the
+        // watermark, itself the lateness behind the newest event, less the
+        // lateness again), and a sweep's step, is held; nothing older.
+        let span = GRANT_REPORT_SPAN + 2 * lateness + super::GRANT_SWEEP_EVERY;
+        let span_grants = (span / (10 * US) + 1) as usize * 10;
+        assert!(
+            held.iter().all(|&n| n <= span_grants),
+            "held {:?}",
+            held.iter().max()
+        );
+        // 40 minutes of grants were reported; a fraction of them is held.
+        assert!(*held.last().unwrap() < 2400 / 3);
+        assert!(*held.last().unwrap() >= (GRANT_REPORT_SPAN / (10 * US)) as usize * 10);
+        // Each grant was counted once, in the step of its first report.
+        let counted: u32 = e
+            .steps
+            .range(newest - 60 * US..newest)
+            .map(|s| s.fleet_grants)
+            .sum();
+        assert_eq!(counted, 60);
     }
 }
