@@ -135,6 +135,7 @@ impl Steps {
         }
     }
 
+    #[cfg(test)]
     pub fn grants_len(&self) -> usize {
         self.grants.len()
     }
