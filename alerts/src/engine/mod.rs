@@ -58,10 +58,10 @@ const US: i64 = 1_000_000;
 /// How much later in event time than a grant's first report a second one
 /// (the holder's and the coordinator's) still counts as the same grant.
 /// They come within seconds; this is a wide margin over clock skew, and
-/// what it costs is this much of the fleet's grants held in memory (an
-/// hour of them, at 200,000 grants a minute, was most of the growth of
-/// `serve --ingest` with the events it had taken). A second report later
-/// than that is counted again, in its own step.
+/// what it costs is this much of the fleet's grants held in memory (held
+/// for an hour, the grants of a 20,000-lease fleet's first 27 minutes took
+/// 274 MiB of `serve --ingest`'s heap, BENCHMARKS.md). A second report
+/// later than that is counted again, in its own step.
 const GRANT_REPORT_SPAN: i64 = 5 * 60 * US;
 
 /// How far the watermark moves between two sweeps of the grants
@@ -481,7 +481,7 @@ mod tests {
         token: u64,
         ts: i64,
     ) -> leaseline_schema::LeaseEvent<'static> {
-        let at = chrono_free(ts);
+        let at = rfc3339(ts);
         let line = format!(
             r#"{{"event_id":"{source}-{lease}-{token}","ts":"{at}","kind":"acquired","source":"{source}","lease_id":"L{lease}","holder_id":"h","fencing_token":{token},"ttl_ms":10000}}"#
         );
@@ -491,7 +491,7 @@ mod tests {
     }
 
     /// RFC 3339 of a time on 2026-09-14, whole milliseconds.
-    fn chrono_free(ts: i64) -> String {
+    fn rfc3339(ts: i64) -> String {
         let ms = (ts - START) / 1000;
         let (h, m, s, f) = (
             10 + ms / 3_600_000,
