@@ -3,7 +3,8 @@
 #   bench_prepare MODULE...
 #                  installs tansu and the Python modules missing (each
 #                  `import_name` or `import_name=pip_name`), builds leaseline
-#                  and bench_load (release); sets $target, $bin and $work.
+#                  and bench_load (release); sets $target, $bin, $work and
+#                  $profile_env (see LEASELINE_HEAP_PROFILE below).
 #   start_broker   sets $port and $tansu_pid, returns once it accepts
 #                  connections; the caller's EXIT trap kills $tansu_pid.
 free_port() {
@@ -30,14 +31,16 @@ bench_prepare() {
     python3 -c "import ${m%%=*}" 2>/dev/null ||
       python3 -m pip install --quiet --disable-pip-version-check "${m#*=}"
   done
-  # LEASELINE_HEAP_PROFILE=DIR: jemalloc's heap profiler on (a sample
-  # every 1 MiB allocated on average), a profile of what is live written
-  # to DIR every 8 GiB allocated and at exit, for `jeprof --base`.
+  # LEASELINE_HEAP_PROFILE=DIR: a build with jemalloc's heap profiler, and
+  # in $profile_env what turns it on for the one process the caller starts
+  # with it (a sample every 1 MiB allocated on average, a profile of what
+  # is live written to DIR every 8 GiB allocated and at exit).
   local features=()
+  profile_env=()
   if [ -n "${LEASELINE_HEAP_PROFILE:-}" ]; then
     features=(--features heap-profile)
     mkdir -p "$LEASELINE_HEAP_PROFILE"
-    export _RJEM_MALLOC_CONF="prof:true,lg_prof_sample:20,lg_prof_interval:33,prof_final:true,prof_prefix:$(realpath "$LEASELINE_HEAP_PROFILE")/jeprof"
+    profile_env=("_RJEM_MALLOC_CONF=prof:true,lg_prof_sample:20,lg_prof_interval:33,prof_final:true,prof_prefix:$(realpath "$LEASELINE_HEAP_PROFILE")/jeprof")
   fi
   cargo build --release -p leaseline --bin leaseline --example bench_load "${features[@]}"
   target=${CARGO_TARGET_DIR:-target}

@@ -21,8 +21,9 @@
 #   LAKE    where the lake is built once and kept
 #           (default target/bench-stored-EVENTS-WINDOW)
 #
-# With LEASELINE_HEAP_PROFILE=DIR, serve runs with jemalloc's heap profiler
-# and writes profiles of what is live to DIR (scripts/bench-broker.sh); read
+# With LEASELINE_HEAP_PROFILE=DIR, serve (and only serve) runs with
+# jemalloc's heap profiler and writes profiles of what is live to DIR
+# (scripts/bench-broker.sh); read
 # two of them with `jeprof --text --base=EARLIER BINARY LATER`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +68,7 @@ if [ ! -d "$lake/lease_events/_delta_log" ]; then
   last_ms=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["last_ts_ms"])' "$work/fill.json")
   target_ms=$((last_ms - 30000 - window_ms * 3 / 2 - 5000))
   start=$(date +%s.%N)
-  LEASELINE_LOG=info "$bin" serve --config "$cfg" --lake "$lake" --ingest \
+  env "${profile_env[@]}" LEASELINE_LOG=info "$bin" serve --config "$cfg" --lake "$lake" --ingest \
     --brokers "127.0.0.1:$port" --topic stored-leases --group-id bench-stored \
     --http-listen 127.0.0.1:0 --no-pg >"$work/serve.log" 2>&1 &
   serve_pid=$!

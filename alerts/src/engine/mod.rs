@@ -481,25 +481,13 @@ mod tests {
         token: u64,
         ts: i64,
     ) -> leaseline_schema::LeaseEvent<'static> {
-        let at = rfc3339(ts);
+        let at = crate::text::fmt_ts(ts);
         let line = format!(
             r#"{{"event_id":"{source}-{lease}-{token}","ts":"{at}","kind":"acquired","source":"{source}","lease_id":"L{lease}","holder_id":"h","fencing_token":{token},"ttl_ms":10000}}"#
         );
         leaseline_schema::decode(line.as_bytes())
             .expect("a contract event")
             .into_owned()
-    }
-
-    /// RFC 3339 of a time on 2026-09-14, whole milliseconds.
-    fn rfc3339(ts: i64) -> String {
-        let ms = (ts - START) / 1000;
-        let (h, m, s, f) = (
-            10 + ms / 3_600_000,
-            ms / 60_000 % 60,
-            ms / 1000 % 60,
-            ms % 1000,
-        );
-        format!("2026-09-14T{h:02}:{m:02}:{s:02}.{f:03}Z")
     }
 
     /// Grants are remembered for their second report only as long as one
