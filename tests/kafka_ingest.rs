@@ -575,3 +575,112 @@ async fn events_from_the_emit_crate_land_once_keyed_by_lease() {
         "n\n0\n"
     );
 }
+
+/// Reading a backlog, no partition is read further ahead in event time
+/// than `kafka.max_drift` of the slowest one still being read: the alert
+/// engine's watermark is that slowest partition's, and everything of the
+/// others past it is held in memory. Partition 0 holds an event a second,
+/// partition 1 one every 50 ms, as many of each: however librdkafka serves
+/// them, one runs minutes ahead of the other unless paused. The same
+/// backlog read with `0s` (no alignment) shows that it does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backlog_is_read_in_step_by_event_time() {
+    use rdkafka::producer::FutureRecord;
+
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    broker.create_topic("skewed", 2).await;
+    const N: i64 = 3000;
+    const BASE_MS: i64 = 1_789_380_000_000;
+    let step_ms = [1000, 50];
+    let producer = broker.producer();
+    for (p, step) in step_ms.iter().enumerate() {
+        for i in 0..N {
+            let lease = format!("skew/{p}-{}", i % 20);
+            let ev = serde_json::json!({
+                "ts": BASE_MS + i * step,
+                "kind": "renewed",
+                "source": "holder",
+                "lease_id": lease,
+                "holder_id": "worker-1",
+                "fencing_token": 7,
+                "event_id": format!("skew-{p}-{i}"),
+            });
+            let value = serde_json::to_vec(&ev).unwrap();
+            let rec = FutureRecord::to("skewed")
+                .partition(p as i32)
+                .key(&lease)
+                .payload(&value);
+            producer
+                .send(rec, Duration::from_secs(30))
+                .await
+                .map_err(|(e, _)| e)
+                .expect("produce");
+        }
+    }
+
+    // The most one partition was read ahead of the other (in ms) while the
+    // other still had events to read; a partition not read yet counts as
+    // being at the first event.
+    let spread = |lake: &Path| -> i64 {
+        let out = sql(
+            lake,
+            "SELECT kafka_partition AS p, CAST(ts AS BIGINT) / 1000 AS ms \
+             FROM lease_events ORDER BY ingested_at, kafka_partition, kafka_offset",
+            "csv",
+        );
+        let end = step_ms.map(|step| BASE_MS + (N - 1) * step);
+        let mut newest = [BASE_MS, BASE_MS];
+        let mut most = i64::MIN;
+        let mut rows = 0;
+        for line in out.lines().skip(1) {
+            let (p, ms) = line.split_once(',').unwrap();
+            let (p, ms): (usize, i64) = (p.parse().unwrap(), ms.parse().unwrap());
+            newest[p] = newest[p].max(ms);
+            rows += 1;
+            for (a, b) in [(0, 1), (1, 0)] {
+                if newest[b] < end[b] {
+                    most = most.max(newest[a] - newest[b]);
+                }
+            }
+        }
+        assert_eq!(rows, 2 * N, "every event landed once");
+        most
+    };
+
+    let mut spreads = Vec::new();
+    for drift in ["10s", "0s"] {
+        let lake = dir.path().join(format!("lake-{drift}"));
+        let mut ingest = Proc::spawn(
+            &format!("ingest-{drift}"),
+            {
+                let mut cmd = ingest_cmd(&broker, &lake, "skewed", &format!("g-{drift}"));
+                cmd.args(["--kafka-max-drift", drift]);
+                cmd
+            },
+            dir.path(),
+        );
+        assert!(
+            wait_until(Duration::from_secs(120), || {
+                committed_events(&lake) == Some(2 * N as usize)
+            }),
+            "ingest did not read the backlog:\n{}",
+            ingest.logs()
+        );
+        assert!(ingest.terminate(Duration::from_secs(30)).success());
+        spreads.push(spread(&lake));
+    }
+    // The event that goes past the drift (at most a second) is read
+    // before the pause.
+    assert!(
+        spreads[0] <= 11_000,
+        "a partition was read {} ms ahead with a 10 s drift",
+        spreads[0]
+    );
+    assert!(
+        spreads[1] > 60_000,
+        "without alignment a partition was read only {} ms ahead: the test no longer shows what alignment changes",
+        spreads[1]
+    );
+}

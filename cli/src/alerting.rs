@@ -108,6 +108,11 @@ impl Collector for IngestCollector {
                 "Flushes that committed files",
                 &m.flushes,
             ),
+            (
+                "leaseline_ingest_partition_pauses",
+                "Times a partition was paused for being read more than kafka.max_drift ahead in event time of the slowest partition still being read",
+                &m.partition_pauses,
+            ),
         ];
         for (name, help, v) in counters {
             let c = ConstCounter::new(IngestMetrics::get(v));
@@ -124,6 +129,13 @@ impl Collector for IngestCollector {
         last.encode(enc.encode_descriptor(
             "leaseline_ingest_last_flush_seconds",
             "How long the last flush took",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        let paused = ConstGauge::new(IngestMetrics::get(&m.partitions_paused) as i64);
+        paused.encode(enc.encode_descriptor(
+            "leaseline_ingest_partitions_paused",
+            "Partitions paused now for being ahead in event time (kafka.max_drift)",
             None,
             MetricType::Gauge,
         )?)?;

@@ -257,6 +257,11 @@ struct IngestArgs {
         value_delimiter = ';'
     )]
     kafka_property_files: Vec<String>,
+    /// How far ahead in event time a partition may be read of the slowest
+    /// one still being read before it is paused (e.g. `30s`; `0s` never
+    /// pauses).
+    #[arg(long = "kafka-max-drift", env = "LEASELINE_KAFKA_MAX_DRIFT", value_parser = humantime::parse_duration)]
+    kafka_max_drift: Option<Duration>,
     /// Do not compact or vacuum in the background.
     #[arg(long, env = "LEASELINE_NO_COMPACTION")]
     no_compaction: bool,
@@ -287,6 +292,9 @@ impl IngestArgs {
         for p in self.kafka_property_files.iter().filter(|p| !p.is_empty()) {
             let (k, path) = key_value("--kafka-property-file", p)?;
             cfg.kafka.property_files.insert(k.into(), path.into());
+        }
+        if let Some(d) = self.kafka_max_drift {
+            cfg.kafka.max_drift = d;
         }
         if self.no_compaction {
             cfg.compaction.enabled = false;

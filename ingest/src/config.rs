@@ -150,6 +150,13 @@ pub struct KafkaConfig {
     /// it (`otlp_proto`, `otlp_json`), each log record an event; see
     /// [`crate::otlp`].
     pub encoding: crate::otlp::Encoding,
+    /// How far ahead in event time one partition may be read of the
+    /// slowest partition still being read; a partition further ahead is
+    /// paused until the others catch up ([`crate::align`]). This bounds
+    /// what the alert engine holds past its watermark while a backlog is
+    /// read. Zero reads every partition as fast as it comes.
+    #[serde(with = "humantime_serde")]
+    pub max_drift: std::time::Duration,
 }
 
 /// Whether a librdkafka property holds a secret: its value is shown
@@ -181,6 +188,7 @@ impl fmt::Debug for KafkaConfig {
             .field("properties", &properties)
             .field("property_files", &self.property_files)
             .field("encoding", &self.encoding)
+            .field("max_drift", &self.max_drift)
             .finish()
     }
 }
@@ -194,6 +202,7 @@ impl Default for KafkaConfig {
             properties: BTreeMap::new(),
             property_files: BTreeMap::new(),
             encoding: crate::otlp::Encoding::Json,
+            max_drift: Duration::from_secs(30),
         }
     }
 }

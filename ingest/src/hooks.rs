@@ -62,6 +62,11 @@ pub struct IngestMetrics {
     pub flush_micros: AtomicU64,
     /// The last flush's duration, microseconds.
     pub last_flush_micros: AtomicU64,
+    /// Times a partition was paused for being read too far ahead of the
+    /// others in event time (see [`crate::align`]).
+    pub partition_pauses: AtomicU64,
+    /// Partitions paused now.
+    pub partitions_paused: AtomicU64,
     /// Messages behind the partition's high watermark, from librdkafka's
     /// statistics: (topic, partition) to lag.
     pub lag: Mutex<BTreeMap<(String, i32), i64>>,

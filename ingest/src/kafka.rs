@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
@@ -28,11 +28,12 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use leaseline_lake::Lake;
 use leaseline_schema::Origin;
 
+use crate::align::{Alignment, Change};
 use crate::config::{is_secret_property, FlushPolicy, KafkaConfig};
 use crate::error::{IngestError, Result};
 use crate::hooks::{IngestHooks, IngestMetrics, InputPartition, Notice};
@@ -49,11 +50,19 @@ struct IngestContext {
     metrics: Option<Arc<IngestMetrics>>,
     /// The consumer group: its positions are the lake's `txn` versions.
     group: String,
+    /// Which partitions are paused for being ahead in event time; None
+    /// when `kafka.max_drift` is zero. Only ever locked after the writer,
+    /// or alone.
+    align: Mutex<Option<Alignment>>,
 }
 
 impl IngestContext {
     fn writer(&self) -> MutexGuard<'_, LakeWriter> {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn align(&self) -> MutexGuard<'_, Option<Alignment>> {
+        self.align.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -121,8 +130,14 @@ impl ClientContext for IngestContext {
         }
         if !caught_up.is_empty() {
             let mut w = self.writer();
-            for (topic, partition) in caught_up {
+            for &(topic, partition) in &caught_up {
                 w.signal(Notice::CaughtUp(InputPartition { topic, partition }));
+            }
+            drop(w);
+            if let Some(a) = self.align().as_mut() {
+                for &(topic, partition) in &caught_up {
+                    a.caught_up(topic, partition);
+                }
             }
         }
         let Some(m) = &self.metrics else { return };
@@ -178,6 +193,16 @@ impl ConsumerContext for IngestContext {
                 if let Err(e) = consumer.assign(tpl) {
                     error!(error = %e, "assign failed");
                 }
+                if let Some(a) = self.align().as_mut() {
+                    for (topic, p) in &parts {
+                        a.assigned(topic, *p);
+                    }
+                    // librdkafka keeps a partition's pause across its
+                    // revocation; a partition assigned again starts afresh.
+                    if let Err(e) = consumer.resume(tpl) {
+                        warn!(error = %e, "could not resume the assigned partitions");
+                    }
+                }
                 for (topic, partition) in &parts {
                     w.signal(Notice::Assigned(InputPartition {
                         topic,
@@ -204,6 +229,11 @@ impl ConsumerContext for IngestContext {
                         topic: e.topic(),
                         partition: e.partition(),
                     }));
+                }
+                if let Some(a) = self.align().as_mut() {
+                    for e in tpl.elements() {
+                        a.revoked(e.topic(), e.partition());
+                    }
                 }
                 // The next owner reads what this process's consumers wrote
                 // about these partitions (the alert history): it must be in
@@ -268,6 +298,9 @@ fn rewind(consumer: &BaseConsumer<IngestContext>, w: &LakeWriter, only: Option<&
         };
         if let Err(err) = consumer.seek(e.topic(), e.partition(), to, SEEK_TIMEOUT) {
             warn!(topic = e.topic(), partition = e.partition(), error = %err, "seek failed");
+        }
+        if let Some(a) = consumer.context().align().as_mut() {
+            a.rewound(e.topic(), e.partition());
         }
     }
 }
@@ -363,6 +396,7 @@ pub async fn run(
         resume: ResumePoints::default(),
         metrics,
         group: cfg.group_id.clone(),
+        align: Mutex::new(Alignment::new(cfg.max_drift)),
     };
     let consumer: BaseConsumer<IngestContext> = client_config(cfg)?
         .create_with_context(ctx)
@@ -375,6 +409,7 @@ pub async fn run(
         consumer,
         backoff: FIRST_BACKOFF,
         encoding: cfg.encoding,
+        last_align: Instant::now(),
     };
     pipeline::run(source, writer, policy, stop).await
 }
@@ -387,6 +422,58 @@ struct KafkaSource {
     /// The pause before reading again after a failed flush.
     backoff: Duration,
     encoding: Encoding,
+    /// When the alignment last decided.
+    last_align: Instant,
+}
+
+/// How often paused partitions are looked at again when no event asks
+/// for it: resuming a little late costs nothing but a short pause.
+const ALIGN_EVERY: Duration = Duration::from_millis(50);
+
+/// Feeds the alignment the event time of the message just handed to the
+/// writer from `read`, and pauses or resumes partitions as it decides.
+fn align(consumer: &BaseConsumer<IngestContext>, last: &mut Instant, read: Option<(&str, i32)>) {
+    let ctx = consumer.context();
+    let ts = read.and_then(|_| ctx.writer().take_event_time());
+    let mut guard = ctx.align();
+    let Some(a) = guard.as_mut() else { return };
+    let ahead = match (read, ts) {
+        (Some((topic, partition)), Some(ts)) => a.event(topic, partition, ts),
+        _ => false,
+    };
+    if !ahead && last.elapsed() < ALIGN_EVERY {
+        return;
+    }
+    *last = Instant::now();
+    let changes = a.step();
+    if changes.is_empty() {
+        return;
+    }
+    let paused_now = a.paused();
+    drop(guard);
+    let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
+    for ((topic, partition), change) in &changes {
+        debug!(topic, partition, ?change, "alignment");
+        match change {
+            Change::Pause => pause.add_partition(topic, *partition),
+            Change::Resume => resume.add_partition(topic, *partition),
+        };
+    }
+    if pause.count() > 0 {
+        if let Err(e) = consumer.pause(&pause) {
+            warn!(error = %e, "could not pause partitions ahead in event time");
+        }
+    }
+    if resume.count() > 0 {
+        if let Err(e) = consumer.resume(&resume) {
+            warn!(error = %e, "could not resume partitions");
+        }
+    }
+    if let Some(m) = &ctx.metrics {
+        IngestMetrics::add(&m.partition_pauses, pause.count() as u64);
+        m.partitions_paused
+            .store(paused_now as u64, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Source for KafkaSource {
@@ -394,7 +481,7 @@ impl Source for KafkaSource {
         // The writer lock is not held while polling: the rebalance and
         // statistics callbacks run inside poll and take it.
         match self.consumer.poll(timeout) {
-            None => {}
+            None => align(&self.consumer, &mut self.last_align, None),
             Some(Ok(msg)) => {
                 let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
                 self.consumer
@@ -432,8 +519,16 @@ impl Source for KafkaSource {
                         }
                     },
                 }
+                align(
+                    &self.consumer,
+                    &mut self.last_align,
+                    Some((topic, partition)),
+                );
             }
-            Some(Err(e)) => warn!(error = %e, "kafka"),
+            Some(Err(e)) => {
+                warn!(error = %e, "kafka");
+                align(&self.consumer, &mut self.last_align, None);
+            }
         }
         Step::More
     }

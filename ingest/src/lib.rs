@@ -23,6 +23,7 @@
 //! [`FlushPolicy`], [`KafkaConfig`], [`CompactionConfig`], [`IngestError`].
 //! Ingest never reads through the query layer.
 
+pub mod align;
 pub mod config;
 mod error;
 pub mod fanout;

@@ -97,6 +97,9 @@ pub struct LakeWriter {
     fanout: Option<Fanout>,
     metrics: Option<Arc<IngestMetrics>>,
     flushed: tokio::sync::watch::Sender<Flushed>,
+    /// The event time of the last message pushed, if it decoded, for the
+    /// Kafka source's [`crate::align`]ment.
+    last_event_ts: Option<i64>,
 }
 
 fn now_us() -> i64 {
@@ -145,6 +148,7 @@ impl LakeWriter {
             published_events: Vec::new(),
             published_rejects: Vec::new(),
             flushed: tokio::sync::watch::Sender::new(Flushed::default()),
+            last_event_ts: None,
         })
     }
 
@@ -266,6 +270,7 @@ impl LakeWriter {
         let now = now_us();
         let outcome = match decode(payload) {
             Ok(ev) => {
+                self.last_event_ts = Some(ev.ts_us);
                 let fresh = match ev.event_id.as_deref() {
                     Some(id) if !id.is_empty() => {
                         let slot = slot_of(ev.ts_us);
@@ -303,6 +308,12 @@ impl LakeWriter {
         };
         self.advance(payload, origin);
         outcome
+    }
+
+    /// The event time of the last message pushed, once: None if it did not
+    /// decode, or if nothing was pushed since the last call.
+    pub fn take_event_time(&mut self) -> Option<i64> {
+        self.last_event_ts.take()
     }
 
     /// Buffers a message refused before decoding (see
