@@ -77,10 +77,13 @@ if [ ! -d "$lake/lease_events/_delta_log" ]; then
   rss_csv=$(realpath "$lake")/../bench-stored-$events-$window.rss.csv
   # allocated_mib: what the process's data holds (jemalloc's count), so
   # that a rising RSS can be told apart as data or as the allocator's.
+  # resident_mib: the pages jemalloc holds in RAM, its own included; RSS
+  # beyond it is memory jemalloc does not manage (librdkafka's and other C
+  # libraries' allocations through the system malloc, thread stacks).
   # lag_spread: the largest less the smallest of the partitions' lags, in
   # messages; the partitions carry the same rate of event time, so a
   # spread is a watermark held back by the partition read slowest.
-  echo "seconds,events,rss_mib,allocated_mib,lag_spread" >"$rss_csv"
+  echo "seconds,events,rss_mib,allocated_mib,lag_spread,resident_mib" >"$rss_csv"
   (
     until api=$(grep -o 'HTTP API listening on http://[0-9.:]*' "$work/serve.log" | sed 's|.*http://||'); do sleep 0.2; done
     t0=$(date +%s.%N)
@@ -88,9 +91,10 @@ if [ ! -d "$lake/lease_events/_delta_log" ]; then
       metrics=$(curl -s "http://$api/metrics")
       n=$(awk '/^leaseline_ingest_events_total/ {s += $2} END {printf "%d", s}' <<<"$metrics")
       allocated=$(awk '/^leaseline_allocator_bytes\{kind="allocated"\}/ {printf "%d", $2 / 1048576}' <<<"$metrics")
+      resident=$(awk '/^leaseline_allocator_bytes\{kind="resident"\}/ {printf "%d", $2 / 1048576}' <<<"$metrics")
       spread=$(awk '/^leaseline_ingest_partition_lag\{/ {if (n++ == 0 || $2 > hi) hi = $2; if (n == 1 || $2 < lo) lo = $2} END {printf "%d", hi - lo}' <<<"$metrics")
       rss=$(awk '/VmRSS/ {printf "%d", $2 / 1024}' "/proc/$serve_pid/status" 2>/dev/null) || break
-      echo "$(echo "$(date +%s.%N) - $t0" | bc),$n,$rss,$allocated,$spread" >>"$rss_csv"
+      echo "$(echo "$(date +%s.%N) - $t0" | bc),$n,$rss,$allocated,$spread,$resident" >>"$rss_csv"
       sleep 2
     done
   ) &
