@@ -19,8 +19,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// environment still overrides them). By default it returns freed pages to
 /// the system only while the process allocates, over 10 s; a background
 /// thread returning them over 1 s kept `serve --ingest` at about two thirds
-/// of the RSS over a 50 M-event backlog, for no loss of ingest rate
-/// (BENCHMARKS.md, "Memory of a long-running ingester").
+/// of the RSS over a 50 M-event backlog (BENCHMARKS.md, "Memory of a
+/// long-running ingester").
 #[cfg(not(target_env = "msvc"))]
 #[allow(non_upper_case_globals)]
 #[export_name = "_rjem_malloc_conf"]
