@@ -269,8 +269,9 @@ struct IngestArgs {
     )]
     kafka_property_files: Vec<String>,
     /// How far ahead in event time a partition may be read of the slowest
-    /// one still being read before it is paused (e.g. `30s`; `0s` never
-    /// pauses).
+    /// one still being read before it is paused (e.g. `30s`; the default,
+    /// `0s`, never pauses; see docs/configuration.md for the broker it
+    /// needs).
     #[arg(long = "kafka-max-drift", env = "LEASELINE_KAFKA_MAX_DRIFT", value_parser = humantime::parse_duration)]
     kafka_max_drift: Option<Duration>,
     /// Do not compact or vacuum in the background.

@@ -154,7 +154,10 @@ pub struct KafkaConfig {
     /// slowest partition still being read; a partition further ahead is
     /// paused until the others catch up ([`crate::align`]). This bounds
     /// what the alert engine holds past its watermark while a backlog is
-    /// read. Zero reads every partition as fast as it comes.
+    /// read. Zero (the default) reads every partition as fast as it comes:
+    /// resuming a paused partition fetches from inside a record batch,
+    /// which a broker that answers with the next batch (tansu 0.6) turns
+    /// into lost messages.
     #[serde(with = "humantime_serde")]
     pub max_drift: std::time::Duration,
 }
@@ -202,7 +205,7 @@ impl Default for KafkaConfig {
             properties: BTreeMap::new(),
             property_files: BTreeMap::new(),
             encoding: crate::otlp::Encoding::Json,
-            max_drift: Duration::from_secs(30),
+            max_drift: Duration::ZERO,
         }
     }
 }

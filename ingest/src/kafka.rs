@@ -468,6 +468,20 @@ fn align(consumer: &BaseConsumer<IngestContext>, last: &mut Instant, read: Optio
         if let Err(e) = consumer.resume(&resume) {
             warn!(error = %e, "could not resume partitions");
         }
+        // A resumed partition is fetched again from the message after the
+        // last one read, which may be inside a record batch: a broker that
+        // answers with the next batch instead (tansu 0.6) loses the rest,
+        // and that gap is logged like any other.
+        if let Ok(positions) = consumer.position() {
+            for e in resume.elements() {
+                let at = positions
+                    .find_partition(e.topic(), e.partition())
+                    .and_then(|p| p.offset().to_raw());
+                if let Some(next) = at.filter(|n| *n >= 0) {
+                    ctx.resume.set(e.topic(), e.partition(), next);
+                }
+            }
+        }
     }
     if let Some(m) = &ctx.metrics {
         IngestMetrics::add(&m.partition_pauses, pause.count() as u64);
