@@ -64,6 +64,15 @@ impl IngestContext {
     fn align(&self) -> MutexGuard<'_, Option<Alignment>> {
         self.align.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// `/metrics`' count of paused partitions, after any change to them
+    /// (a revoked partition is no longer paused here).
+    fn count_paused(&self, a: &Alignment) {
+        if let Some(m) = &self.metrics {
+            m.partitions_paused
+                .store(a.paused() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// Where each partition was (re)started, until its first message arrives.
@@ -197,6 +206,7 @@ impl ConsumerContext for IngestContext {
                     for (topic, p) in &parts {
                         a.assigned(topic, *p);
                     }
+                    self.count_paused(a);
                     // librdkafka keeps a partition's pause across its
                     // revocation; a partition assigned again starts afresh.
                     if let Err(e) = consumer.resume(tpl) {
@@ -234,6 +244,7 @@ impl ConsumerContext for IngestContext {
                     for e in tpl.elements() {
                         a.revoked(e.topic(), e.partition());
                     }
+                    self.count_paused(a);
                 }
                 // The next owner reads what this process's consumers wrote
                 // about these partitions (the alert history): it must be in
@@ -449,7 +460,7 @@ fn align(consumer: &BaseConsumer<IngestContext>, last: &mut Instant, read: Optio
     if changes.is_empty() {
         return;
     }
-    let paused_now = a.paused();
+    ctx.count_paused(a);
     drop(guard);
     let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
     for ((topic, partition), change) in &changes {
@@ -485,8 +496,6 @@ fn align(consumer: &BaseConsumer<IngestContext>, last: &mut Instant, read: Optio
     }
     if let Some(m) = &ctx.metrics {
         IngestMetrics::add(&m.partition_pauses, pause.count() as u64);
-        m.partitions_paused
-            .store(paused_now as u64, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
