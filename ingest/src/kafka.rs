@@ -51,9 +51,9 @@ struct IngestContext {
     /// The consumer group: its positions are the lake's `txn` versions.
     group: String,
     /// Which partitions are paused for being ahead in event time; None
-    /// when `kafka.max_drift` is zero. Only ever locked after the writer,
-    /// or alone.
-    align: Mutex<Option<Alignment>>,
+    /// when `kafka.max_drift` is zero, so that reading unaligned takes no
+    /// lock for it. Only ever locked after the writer, or alone.
+    align: Option<Mutex<Alignment>>,
 }
 
 impl IngestContext {
@@ -61,8 +61,9 @@ impl IngestContext {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn align(&self) -> MutexGuard<'_, Option<Alignment>> {
-        self.align.lock().unwrap_or_else(|p| p.into_inner())
+    fn align(&self) -> Option<MutexGuard<'_, Alignment>> {
+        let a = self.align.as_ref()?;
+        Some(a.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// `/metrics`' count of paused partitions, after any change to them
@@ -143,7 +144,7 @@ impl ClientContext for IngestContext {
                 w.signal(Notice::CaughtUp(InputPartition { topic, partition }));
             }
             drop(w);
-            if let Some(a) = self.align().as_mut() {
+            if let Some(mut a) = self.align() {
                 for &(topic, partition) in &caught_up {
                     a.caught_up(topic, partition);
                 }
@@ -202,11 +203,11 @@ impl ConsumerContext for IngestContext {
                 if let Err(e) = consumer.assign(tpl) {
                     error!(error = %e, "assign failed");
                 }
-                if let Some(a) = self.align().as_mut() {
+                if let Some(mut a) = self.align() {
                     for (topic, p) in &parts {
                         a.assigned(topic, *p);
                     }
-                    self.count_paused(a);
+                    self.count_paused(&a);
                     // librdkafka keeps a partition's pause across its
                     // revocation; a partition assigned again starts afresh.
                     if let Err(e) = consumer.resume(tpl) {
@@ -240,11 +241,11 @@ impl ConsumerContext for IngestContext {
                         partition: e.partition(),
                     }));
                 }
-                if let Some(a) = self.align().as_mut() {
+                if let Some(mut a) = self.align() {
                     for e in tpl.elements() {
                         a.revoked(e.topic(), e.partition());
                     }
-                    self.count_paused(a);
+                    self.count_paused(&a);
                 }
                 // The next owner reads what this process's consumers wrote
                 // about these partitions (the alert history): it must be in
@@ -310,7 +311,7 @@ fn rewind(consumer: &BaseConsumer<IngestContext>, w: &LakeWriter, only: Option<&
         if let Err(err) = consumer.seek(e.topic(), e.partition(), to, SEEK_TIMEOUT) {
             warn!(topic = e.topic(), partition = e.partition(), error = %err, "seek failed");
         }
-        if let Some(a) = consumer.context().align().as_mut() {
+        if let Some(mut a) = consumer.context().align() {
             a.rewound(e.topic(), e.partition());
         }
     }
@@ -407,7 +408,7 @@ pub async fn run(
         resume: ResumePoints::default(),
         metrics,
         group: cfg.group_id.clone(),
-        align: Mutex::new(Alignment::new(cfg.max_drift)),
+        align: Alignment::new(cfg.max_drift).map(Mutex::new),
     };
     let consumer: BaseConsumer<IngestContext> = client_config(cfg)?
         .create_with_context(ctx)
@@ -445,9 +446,9 @@ const ALIGN_EVERY: Duration = Duration::from_millis(50);
 /// writer from `read`, and pauses or resumes partitions as it decides.
 fn align(consumer: &BaseConsumer<IngestContext>, last: &mut Instant, read: Option<(&str, i32)>) {
     let ctx = consumer.context();
+    let Some(alignment) = &ctx.align else { return };
     let ts = read.and_then(|_| ctx.writer().take_event_time());
-    let mut guard = ctx.align();
-    let Some(a) = guard.as_mut() else { return };
+    let mut a = alignment.lock().unwrap_or_else(|p| p.into_inner());
     let ahead = match (read, ts) {
         (Some((topic, partition)), Some(ts)) => a.event(topic, partition, ts),
         _ => false,
@@ -460,8 +461,8 @@ fn align(consumer: &BaseConsumer<IngestContext>, last: &mut Instant, read: Optio
     if changes.is_empty() {
         return;
     }
-    ctx.count_paused(a);
-    drop(guard);
+    ctx.count_paused(&a);
+    drop(a);
     let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
     for ((topic, partition), change) in &changes {
         debug!(topic, partition, ?change, "alignment");
