@@ -259,6 +259,16 @@ async fn locks_and_elections_are_reported_once_through_kafka_across_restarts() {
     // candidate elected.
     let mut e1 = etcd.elect("leases/leader", "p1", "elect-1", d);
     let k1 = etcd.owned(&mut e1, "leases/leader");
+    // The revoke waits for the grant's report: a watcher that first reads
+    // a lease already gone cannot tell a revoke from an expiry (a limit
+    // in watch/src/etcd.rs), and the report comes after that first read.
+    let granted = format!("leader,{},acquired,p1\n", k1.create_revision);
+    assert!(
+        wait_until(Duration::from_secs(40), || transitions(&server)
+            .contains(&granted)),
+        "{granted} never ingested:\n{}",
+        w.logs()
+    );
     let mut e2 = etcd.elect("leases/leader", "p2", "elect-2", d);
     assert!(wait_until(Duration::from_secs(20), || etcd
         .contenders("leases/leader")
