@@ -9,6 +9,9 @@ layout. The checksum is a SHA-256 over the sorted rows of a few columns,
 each written as text the same way by every reader, so equal checksums mean
 the same rows.
 
+For lease_context (not an SQL table of leaseline's), it says how many
+cuts of one lease the table holds at most ("cuts_per_lease").
+
 For the stored audit tables (lease_timeline, lease_violations), which hold
 only the settled rows of what `leaseline sql` answers, it also says
 whether the stored rows are among leaseline's, none twice ("within").
@@ -38,8 +41,12 @@ COLUMNS = {
     "lease_alerts": ["alertname", "lease_id", "state", "starts_at", "recorded_at", "notified"],
     "lease_timeline": ["lease_id", "fencing_token", "holder_id", "acquired_at", "ended_at", "end_kind", "renewals"],
     "lease_violations": ["kind", "lease_id", "fencing_token", "at", "other_fencing_token"],
+    "lease_context": ["lease_id", "event_id", "settled_before"],
 }
-TIMES = {"ts", "ingested_at", "starts_at", "recorded_at", "acquired_at", "ended_at", "at"}
+TIMES = {"ts", "ingested_at", "starts_at", "recorded_at", "acquired_at", "ended_at", "at",
+         "settled_before"}
+# Tables leaseline's SQL does not serve (the audit's own bookkeeping).
+UNSERVED = {"lease_context"}
 # The stored audit tables hold the settled rows only; leaseline's SQL
 # table of that name holds every row, so the stored rows must be a part of
 # it, each once.
@@ -156,7 +163,15 @@ def main():
         "polars": checksum(with_polars(a.lake, a.table, cols)),
         "duckdb": checksum(with_duckdb(a.lake, a.table, cols)),
     }
-    if a.leaseline:
+    if a.table == "lease_context":
+        # A lease's context is read at its latest cut only: how many cuts
+        # of one lease the table still holds.
+        from collections import defaultdict
+        cuts = defaultdict(set)
+        for r in with_deltalake(a.lake, a.table, cols):
+            cuts[r[0]].add(r[2])
+        result["cuts_per_lease"] = max((len(c) for c in cuts.values()), default=0)
+    if a.leaseline and a.table not in UNSERVED:
         theirs = with_leaseline(a.leaseline, a.lake, a.table, cols)
         result["leaseline"] = checksum(theirs)
         if a.table in STORED:

@@ -495,20 +495,24 @@ async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka
             .collect();
 
         let lake = dir.path().join(format!("lake-{name}"));
-        let server = Server::start(
-            &lake,
-            &[
-                "--ingest",
-                "--brokers",
-                &broker.addr,
-                "--topic",
-                &topic,
-                "--group-id",
-                &topic,
-                "--no-pg",
-            ],
-            dir.path(),
-        );
+        // The clean history (about six minutes of event time) settles and
+        // stores its rows many times over with a 30 s window.
+        let window = dir.path().join("window.toml");
+        std::fs::write(&window, "[audit]\nevent_window = \"30s\"\n").unwrap();
+        let mut args = vec![
+            "--ingest",
+            "--brokers",
+            &broker.addr,
+            "--topic",
+            &topic,
+            "--group-id",
+            &topic,
+            "--no-pg",
+        ];
+        if name == "clean" {
+            args.extend(["--config", window.to_str().unwrap()]);
+        }
+        let server = Server::start(&lake, &args, dir.path());
         let consumed = wait_until(Duration::from_secs(600), || {
             let r = server.sql(
                 "SELECT count(*) AS n FROM lease_events",
@@ -537,6 +541,33 @@ async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka
         );
         if name == "clean" {
             assert!(produced >= 1_000_000 && found.is_empty());
+            // Each settle stored every lease's context again, at its new
+            // cut; the table keeps few cuts of a lease, not one per settle.
+            let stores = server
+                .proc
+                .logs()
+                .matches("stored the audit's settled rows")
+                .count();
+            let cuts = context_cuts_per_lease(&lake);
+            assert!(
+                stores > 4 && cuts <= 4,
+                "{stores} stores; a lease's context at up to {cuts} cuts"
+            );
+            // Read with the rewritten context, the stored rows answer as
+            // an audit of every event does.
+            assert!(sql_reads_stored_rows(&lake));
+            for q in [
+                "SELECT lease_id, fencing_token, holder_id, acquired_at, ended_at, end_kind, \
+                 renewals, valid_until FROM lease_timeline ORDER BY lease_id, fencing_token",
+                "SELECT lease_id, holder_id, fencing_token, valid FROM lease_holders \
+                 ORDER BY lease_id",
+            ] {
+                assert_eq!(
+                    sql(&lake, q, "csv"),
+                    sql_auditing_all(&lake, q, "csv"),
+                    "{q}"
+                );
+            }
         } else if ["unchecked", "double", "reuse", "late"].contains(&name) {
             assert!(!truth.is_empty(), "{name} injected violations");
         }

@@ -34,6 +34,12 @@
 //!   of the rest older than a lease's cut makes the lease stale, as it
 //!   would have live. A cut the events held do not allow (there should be
 //!   none) voids the lease instead.
+//! - A lease's context (`lease_context`, the events before its cut that
+//!   the rows after it are judged against) is stored again at each new
+//!   cut, and a reader takes only the latest; once [`CONTEXT_FILES`]
+//!   settles were stored since the table was last rewritten, a commit
+//!   also rewrites it without the superseded rows, so that it holds about
+//!   the current context rather than one per settle.
 //! - A voided lease (also one audited again because of a late event,
 //!   [`crate::settling`]) has its stored rows removed by the next commit,
 //!   which rewrites the files that hold them, and its rows are stored anew
@@ -74,6 +80,13 @@ const REFRESH: Duration = Duration::from_secs(10);
 /// Commits tried before the writer waits for its next turn.
 const TRIES: usize = 10;
 
+/// Settles stored since `lease_context` was last rewritten at which a
+/// commit rewrites it without the superseded rows
+/// ([`Lake::drop_superseded_context`]). Each settle stores the context of
+/// the leases it cut again, so the table holds a lease's context at no
+/// more than this many cuts, and each rewrite reads that much.
+const CONTEXT_FILES: usize = 3;
+
 /// Where a replayed partition's stored rows end: see
 /// [`StoredAudit::resume_point`].
 #[derive(Debug, Default)]
@@ -111,6 +124,17 @@ fn stored_files(m: &Manifest) -> Arc<StoredFiles> {
         timeline: list(Table::LeaseTimeline),
         violations: list(Table::LeaseViolations),
     })
+}
+
+/// The `lease_context` files of `m` beyond one per day: the settles stored
+/// since the table was last rewritten (a rewrite writes a file per day).
+fn context_files_over(m: &Manifest) -> usize {
+    let files = m.files_of(Table::LeaseContext);
+    let (n, days) = files.fold((0, HashSet::new()), |(n, mut days), f| {
+        days.insert(f.date());
+        (n + 1, days)
+    });
+    n - days.len()
 }
 
 /// `s`'s rows from `cut` on: those before it are stored.
@@ -226,7 +250,24 @@ impl StoredAudit {
                 .copied()
                 .filter(|l| self.cuts.contains_key(*l))
                 .collect();
-            let (remove, mut add) = lake.rewrite_without(&m, &stored_void).await?;
+            let (mut remove, mut add) = lake.rewrite_without(&m, &stored_void).await?;
+            // Not while voiding: the rewrite above may have taken a
+            // context file already.
+            if stored_void.is_empty() && context_files_over(&m) >= CONTEXT_FILES {
+                let cut_now: HashMap<&str, i64> =
+                    rows.iter().map(|s| (&*s.lease_id, s.cut)).collect();
+                let cut_of = |l: &str| cut_now.get(l).or_else(|| self.cuts.get(l)).copied();
+                match lake.drop_superseded_context(&m, cut_of).await {
+                    Ok((r, a)) => {
+                        remove.extend(r);
+                        add.extend(a);
+                    }
+                    Err(e) => {
+                        lake.discard(&add).await;
+                        return Err(e.into());
+                    }
+                }
+            }
             let batches = stored_batches(&rows);
             let (timeline, violations) = (&batches.timeline, &batches.violations);
             let written = async {

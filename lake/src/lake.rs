@@ -572,8 +572,14 @@ impl Lake {
                     cut.as_primitive::<TimestampMicrosecondType>(),
                 );
                 for i in 0..batch.num_rows() {
-                    let c = cuts.entry(ids.value(i).to_string()).or_insert(i64::MIN);
-                    *c = (*c).max(cut.value(i));
+                    // A lease's rows repeat its id: a key is allocated once.
+                    let (id, at) = (ids.value(i), cut.value(i));
+                    match cuts.get_mut(id) {
+                        Some(c) => *c = (*c).max(at),
+                        None => {
+                            cuts.insert(id.to_string(), at);
+                        }
+                    }
                 }
             }
         }
@@ -660,6 +666,57 @@ impl Lake {
                 }
             }
         }
+        Ok((remove, add))
+    }
+
+    /// The `lease_context` files of `m` rewritten without their superseded
+    /// rows: the files a [`Change::Settle`] removes and the files written
+    /// (not committed) with the rows kept. A reader takes a lease's context
+    /// at its latest cut only (`query/src/stored.rs`) and every settle
+    /// stores the context again at the new cut, so without this the table
+    /// grows by the context of every lease at every settle. `cut_of` gives
+    /// each lease's cut as the commit leaves it; a row stored at an older
+    /// cut is dropped, and a row of a lease it does not know is kept.
+    /// Streamed batch by batch: what is held is the rows kept.
+    pub async fn drop_superseded_context(
+        &self,
+        m: &Manifest,
+        cut_of: impl Fn(&str) -> Option<i64>,
+    ) -> Result<(Vec<String>, Vec<DataFile>)> {
+        use arrow::datatypes::TimestampMicrosecondType;
+        let schema = parquet_io::schema_of(Table::LeaseContext);
+        let all: Vec<&str> = schema.fields().iter().map(|c| c.name().as_str()).collect();
+        let (mut remove, mut kept) = (Vec::new(), Vec::new());
+        for f in m.files_of(Table::LeaseContext) {
+            let bytes = self.store.get(&f.path).await?;
+            for batch in parquet_io::column_reader(bytes, &all)? {
+                let batch = batch?;
+                let (Some(ids), Some(cut)) = (
+                    batch.column_by_name("lease_id"),
+                    batch.column_by_name(leaseline_schema::SETTLED_BEFORE),
+                ) else {
+                    return Err(LakeError::Delta(format!(
+                        "{} lacks lease_id or {}",
+                        f.path,
+                        leaseline_schema::SETTLED_BEFORE
+                    )));
+                };
+                let (ids, cut) = (
+                    ids.as_string::<i32>(),
+                    cut.as_primitive::<TimestampMicrosecondType>(),
+                );
+                let keep: Vec<bool> = (0..batch.num_rows())
+                    .map(|i| cut_of(ids.value(i)).is_none_or(|c| cut.value(i) >= c))
+                    .collect();
+                if keep.iter().any(|&k| k) {
+                    kept.push(parquet_io::filter_rows(&batch, &keep)?);
+                }
+            }
+            remove.push(f.path.clone());
+        }
+        let rows = parquet_io::concat(Table::LeaseContext, &kept)?;
+        drop(kept);
+        let add = self.write(Table::LeaseContext, &rows).await?;
         Ok((remove, add))
     }
 

@@ -364,3 +364,93 @@ async fn stored_audit_rows_tell_their_cuts_and_a_lease_is_rewritten_out_of_them(
     ids.sort();
     assert_eq!(ids, ["b", "c"]);
 }
+
+/// `lease_context` rows: each `(lease, event id, cut)`.
+fn context(rows: &[(&str, &str, i64)]) -> RecordBatch {
+    let lines: Vec<String> = rows
+        .iter()
+        .map(|(lease, id, _)| {
+            format!(
+                r#"{{"ts":"2026-09-14T10:00:00Z","kind":"acquired","source":"coordinator","lease_id":"{lease}","holder_id":"h","fencing_token":1,"ttl_ms":1000,"event_id":"{id}"}}"#
+            )
+        })
+        .collect();
+    let events: Vec<_> = lines
+        .iter()
+        .map(|l| decode(l.as_bytes()).unwrap())
+        .collect();
+    let with_cuts: Vec<_> = events.iter().zip(rows).map(|(e, r)| (e, r.2)).collect();
+    leaseline_schema::context_batch(&with_cuts)
+}
+
+#[tokio::test]
+async fn superseded_context_rows_are_dropped_and_the_current_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let base = lake.latest().await.unwrap();
+    // Three settles: "a" cut at 10, 20 then 30; "b" at 10 then 20; "c"
+    // and "d" once, at 10.
+    let mut add = Vec::new();
+    for rows in [
+        &[
+            ("a", "a1", 10),
+            ("b", "b1", 10),
+            ("c", "c1", 10),
+            ("d", "d1", 10),
+        ][..],
+        &[("a", "a2", 20), ("b", "b2", 20)][..],
+        &[("a", "a3", 30)][..],
+    ] {
+        add.extend(
+            lake.write(Table::LeaseContext, &context(rows))
+                .await
+                .unwrap(),
+        );
+    }
+    let settle = Change::Settle {
+        add,
+        remove: vec![],
+        kafka: vec![],
+    };
+    let m = lake.commit(&base, &settle).await.unwrap();
+    assert_eq!(m.files_of(Table::LeaseContext).count(), 3);
+    // The commit about to land cuts "b" at 40; "d" is not known.
+    let cut_of = |l: &str| match l {
+        "a" => Some(30),
+        "b" => Some(40),
+        "c" => Some(10),
+        _ => None,
+    };
+    let (remove, add) = lake.drop_superseded_context(&m, cut_of).await.unwrap();
+    assert_eq!(remove.len(), 3);
+    let m2 = lake
+        .commit(
+            &m,
+            &Change::Settle {
+                add,
+                remove,
+                kafka: vec![],
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(m2.files_of(Table::LeaseContext).count(), 1);
+    let rows = lake.read_table(&m2, Table::LeaseContext).await.unwrap();
+    let mut ids: Vec<&str> = rows
+        .column_by_name("event_id")
+        .unwrap()
+        .as_string::<i32>()
+        .iter()
+        .map(|s| s.unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["a3", "c1", "d1"]);
+    let cuts = lake
+        .stored_cuts(&m2.files.iter().collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(
+        (cuts["a"], cuts["c"], cuts["d"], cuts.get("b")),
+        (30, 10, 10, None)
+    );
+}

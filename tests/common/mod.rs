@@ -504,6 +504,17 @@ pub fn stored_rows_are_answered_once(lake: &Path, table: &str) -> Vec<String> {
         .collect()
 }
 
+/// The most cuts at which `lease_context` holds one lease's context rows,
+/// as the `deltalake` package reads it (polars and DuckDB agreeing on the
+/// rows).
+pub fn context_cuts_per_lease(lake: &Path) -> u64 {
+    let v = lake_readers(lake.to_str().unwrap(), "lease_context", &[]);
+    for reader in ["polars", "duckdb"] {
+        assert_eq!(v[reader], v["deltalake"], "{reader} on lease_context: {v}");
+    }
+    v["cuts_per_lease"].as_u64().unwrap()
+}
+
 /// `SELECT count(*)` of a table, as a number.
 pub fn count(lake: &Path, table: &str) -> usize {
     let out = sql(lake, &format!("SELECT count(*) AS n FROM {table}"), "csv");
