@@ -16,6 +16,7 @@ use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+pub use parquet::file::reader::ChunkReader;
 
 use crate::error::Result;
 use crate::manifest::{DataFile, Table};
@@ -286,8 +287,8 @@ pub fn column_reader(
 
 /// The batches of `columns` that `builder` (a file, perhaps narrowed to
 /// some rows) reads, in the table's Arrow types.
-fn batches_of(
-    builder: ParquetRecordBatchReaderBuilder<Bytes>,
+fn batches_of<R: ChunkReader + 'static>(
+    builder: ParquetRecordBatchReaderBuilder<R>,
     columns: &[&str],
 ) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
     let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
@@ -330,15 +331,17 @@ pub fn column_reader_from(
 /// [`column_reader`] with the string columns named in `dictionary` read as
 /// `Dictionary(Int32, Utf8)`: a scan that looks each value up (a lease's
 /// cut, a Kafka topic) then does it once per distinct value of a batch
-/// rather than once per row, and no row's string is copied out.
-pub fn dictionary_reader(
-    bytes: Bytes,
+/// rather than once per row, and no row's string is copied out. `file`
+/// is the file's bytes, or the local file itself, of which only the
+/// footer and the chunks of `columns` are then read.
+pub fn dictionary_reader<R: ChunkReader + 'static>(
+    file: R,
     columns: &[&str],
     dictionary: &[&str],
 ) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
     use arrow::datatypes::{Field, Schema};
     use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
-    let meta = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())?;
+    let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())?;
     let fields: Vec<Field> = meta
         .schema()
         .fields()
@@ -355,7 +358,7 @@ pub fn dictionary_reader(
     let options = ArrowReaderOptions::new().with_schema(Arc::new(Schema::new(fields)));
     let meta = ArrowReaderMetadata::try_new(meta.metadata().clone(), options)?;
     batches_of(
-        ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, meta),
+        ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta),
         columns,
     )
 }
@@ -363,8 +366,8 @@ pub fn dictionary_reader(
 /// [`column_reader`] of the rows whose index is true in `keep` (one entry
 /// per row of the file): rows left out are skipped while decoding rather
 /// than decoded and filtered.
-pub fn selected_reader(
-    bytes: Bytes,
+pub fn selected_reader<R: ChunkReader + 'static>(
+    file: R,
     columns: &[&str],
     keep: &[bool],
 ) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
@@ -372,7 +375,7 @@ pub fn selected_reader(
         arrow::array::BooleanArray::from(keep.to_vec()),
     ]);
     batches_of(
-        ParquetRecordBatchReaderBuilder::try_new(bytes)?.with_row_selection(selection),
+        ParquetRecordBatchReaderBuilder::try_new(file)?.with_row_selection(selection),
         columns,
     )
 }

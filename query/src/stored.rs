@@ -32,7 +32,12 @@
 //! looked up once);
 //! only the rows from their lease's cut on are then decoded (a Parquet row
 //! selection), on a blocking thread while the audit takes the rows already
-//! read.
+//! read. A file whose newest event (the manifest says) is older than every
+//! lease's cut has no row to audit if every lease in it has a cut: of such
+//! a file only the dictionaries of lease ids, and the Kafka positions,
+//! are read, two files at a time, before the others ([`before_cuts`]).
+//! Once the stored rows reach a few minutes behind the newest events,
+//! that is most of the lake.
 //!
 //! The stored rows are computed with the writer's tolerances
 //! (`audit.skew`, `audit.event_window`...): a reader configured
@@ -43,6 +48,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, DictionaryArray, RecordBatch};
 use arrow::datatypes::{DataType, Int32Type, Int64Type, TimestampMicrosecondType};
+use futures::StreamExt;
 use leaseline_audit::{AuditConfig, Auditor, StoredFiles};
 use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
 use leaseline_schema::{EventColumns, LeaseEvent, SETTLED_BEFORE};
@@ -93,18 +99,44 @@ pub(crate) async fn from_stored(
     let cuts = Arc::new(cuts);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(BATCHES_AHEAD);
     let store = lake.store().clone();
-    let files: Vec<String> = m
+    let oldest_cut = cuts.values().copied().min().unwrap_or(i64::MIN);
+    let (before, tail): (Vec<_>, Vec<_>) = m
         .files_of(Table::LeaseEvents)
-        .map(|f| f.path.clone())
-        .collect();
+        .map(|f| (f.path.clone(), f.max_ts_us))
+        .partition(|(_, max_ts)| *max_ts < oldest_cut);
+    let files_before = before.len();
     let reader_cuts = cuts.clone();
     let reader = tokio::spawn(async move {
         // The writer's recorded position must be past these.
         let mut settled = SettledOffsets::new();
+        // Files wholly before every lease's cut hold nothing to audit but
+        // the rows of a lease without a cut; both cores check them.
+        let checked = futures::stream::iter(before.into_iter().map(|(path, _)| {
+            let (store, cuts) = (store.clone(), reader_cuts.clone());
+            async move {
+                let file = Source::of(&store, &path).await?;
+                let found = tokio::task::spawn_blocking(move || before_cuts(&file, &cuts))
+                    .await
+                    .map_err(joined)??;
+                Ok::<_, QueryError>((path, found))
+            }
+        }))
+        .buffer_unordered(2);
+        futures::pin_mut!(checked);
+        let mut unsure = Vec::new();
+        while let Some(checked) = checked.next().await {
+            match checked? {
+                (_, Some(found)) => merge_settled(&mut settled, found),
+                (path, None) => unsure.push(path),
+            }
+        }
+        let files = unsure
+            .into_iter()
+            .chain(tail.into_iter().map(|(path, _)| path));
         for path in files {
-            let bytes = store.get(&path).await?;
+            let file = Source::of(&store, &path).await?;
             let (tx, cuts) = (tx.clone(), reader_cuts.clone());
-            let found = tokio::task::spawn_blocking(move || read_tail(bytes, &cuts, settled, &tx))
+            let found = tokio::task::spawn_blocking(move || read_tail(&file, &cuts, settled, &tx))
                 .await
                 .map_err(joined)??;
             let Some(found) = found else {
@@ -130,7 +162,6 @@ pub(crate) async fn from_stored(
     // A lease's context rows carry its cut, which only moves forward: rows
     // stored at a cut older than every lease's are superseded, and so are
     // the files (one per store commit) that hold only such rows.
-    let oldest_cut = cuts.values().copied().min().unwrap_or(i64::MIN);
     for f in m.files_of(Table::LeaseContext) {
         let bytes = lake.store().get(&f.path).await?;
         let batches =
@@ -142,9 +173,14 @@ pub(crate) async fn from_stored(
                 .ok_or_else(|| LakeError::Delta(format!("{} lacks {SETTLED_BEFORE}", f.path)))?
                 .as_primitive::<TimestampMicrosecondType>()
                 .clone();
-            // A lease's context at an earlier cut is superseded.
-            push(&mut auditor, &batch, |(i, e)| {
-                cuts.get(&*e.lease_id) == Some(&cut_of.value(i))
+            let ids = batch
+                .column_by_name("lease_id")
+                .ok_or_else(|| LakeError::Delta(format!("{} lacks lease_id", f.path)))?
+                .as_string::<i32>();
+            // A lease's context at an earlier cut is superseded, and not
+            // decoded.
+            push(&mut auditor, &batch, |i| {
+                !ids.is_null(i) && cuts.get(ids.value(i)) == Some(&cut_of.value(i))
             })?;
         }
     }
@@ -173,6 +209,7 @@ pub(crate) async fn from_stored(
     debug!(
         leases = cuts.len(),
         events = auditor.len(),
+        files_before_every_cut = files_before,
         cuts_ms = cuts_read.as_millis(),
         events_ms = (events_read - cuts_read).as_millis(),
         resume_ms = (resumed - events_read).as_millis(),
@@ -199,13 +236,13 @@ type SettledOffsets = Vec<((String, i32), i64)>;
 /// after their lease's cut), and adds the file's other rows to `settled`;
 /// `None` if one of those has no Kafka position.
 fn read_tail(
-    bytes: bytes::Bytes,
+    file: &Source,
     cuts: &HashMap<String, i64>,
     mut settled: SettledOffsets,
     tx: &tokio::sync::mpsc::Sender<RecordBatch>,
 ) -> Result<Option<SettledOffsets>> {
     let mut keep = Vec::new();
-    for batch in parquet_io::dictionary_reader(bytes.clone(), &PLACE, &DICTIONARY)? {
+    for batch in file.dictionary_reader(&PLACE, &DICTIONARY)? {
         let batch = batch.map_err(LakeError::from)?;
         if !place(&batch, cuts, &mut settled, &mut keep)? {
             return Ok(None);
@@ -214,7 +251,7 @@ fn read_tail(
     if !keep.iter().any(|&k| k) {
         return Ok(Some(settled));
     }
-    for batch in parquet_io::selected_reader(bytes, &EventColumns::COLUMNS, &keep)? {
+    for batch in file.selected_reader(&EventColumns::COLUMNS, &keep)? {
         let batch = batch.map_err(LakeError::from)?;
         if batch.num_rows() > 0 && tx.blocking_send(batch).is_err() {
             // The auditor side failed, and says why.
@@ -222,6 +259,146 @@ fn read_tail(
         }
     }
     Ok(Some(settled))
+}
+
+/// Of a `lease_events` file whose every row is before [the oldest cut],
+/// the largest Kafka offset of each partition's rows; `None` when a row
+/// might be audited after all or accounted for by nothing: a lease without
+/// a cut, no Kafka position, rows of more than one topic (the caller then
+/// reads the file row by row, [`read_tail`]). Reads no time and decodes
+/// each batch's lease ids once, as a dictionary.
+///
+/// [the oldest cut]: from_stored
+fn before_cuts(file: &Source, cuts: &HashMap<String, i64>) -> Result<Option<SettledOffsets>> {
+    const COLUMNS: [&str; 4] = ["lease_id", "kafka_topic", "kafka_partition", "kafka_offset"];
+    // Partitions index a vector: a number past this is no Kafka partition
+    // the reader expects, and is left to the row-by-row reading.
+    const PARTITIONS: i32 = 1 << 16;
+    let mut topic: Option<String> = None;
+    let mut largest: Vec<i64> = Vec::new();
+    let mut checked: Option<arrow::array::ArrayRef> = None;
+    for batch in file.dictionary_reader(&COLUMNS, &DICTIONARY)? {
+        let batch = batch.map_err(LakeError::from)?;
+        let column = |name: &str| {
+            batch
+                .column_by_name(name)
+                .ok_or_else(|| LakeError::Delta(format!("lease_events lacks {name}")))
+        };
+        let (Some(ids), Some(topics)) = (
+            column("lease_id")?.as_dictionary_opt::<Int32Type>(),
+            column("kafka_topic")?.as_dictionary_opt::<Int32Type>(),
+        ) else {
+            return Ok(None);
+        };
+        let partition = column("kafka_partition")?.as_primitive::<Int32Type>();
+        let offset = column("kafka_offset")?.as_primitive::<Int64Type>();
+        if ids.null_count() + topics.null_count() + partition.null_count() + offset.null_count() > 0
+        {
+            return Ok(None);
+        }
+        // A row group's batches share its dictionary: checked once.
+        if !checked
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, ids.values()))
+        {
+            let names = ids.values().as_string::<i32>();
+            if names.null_count() > 0 || !names.iter().flatten().all(|n| cuts.contains_key(n)) {
+                return Ok(None);
+            }
+            checked = Some(ids.values().clone());
+        }
+        let names = topics.values().as_string::<i32>();
+        let [Some(name)] = names.iter().collect::<Vec<_>>()[..] else {
+            return Ok(None);
+        };
+        if topic.get_or_insert_with(|| name.to_string()) != name {
+            return Ok(None);
+        }
+        for (&p, &o) in partition.values().iter().zip(offset.values().iter()) {
+            if !(0..PARTITIONS).contains(&p) {
+                return Ok(None);
+            }
+            let p = p as usize;
+            if largest.len() <= p {
+                largest.resize(p + 1, i64::MIN);
+            }
+            largest[p] = largest[p].max(o);
+        }
+    }
+    let Some(topic) = topic else {
+        return Ok(Some(SettledOffsets::new()));
+    };
+    Ok(Some(
+        largest
+            .into_iter()
+            .enumerate()
+            .filter(|(_, o)| *o != i64::MIN)
+            .map(|(p, o)| ((topic.clone(), p as i32), o))
+            .collect(),
+    ))
+}
+
+/// A `lease_events` file to decode: in a local lake, the file itself, of
+/// which a reader reads only the chunks of the columns it decodes; in an
+/// object store, its bytes, fetched whole once.
+enum Source {
+    Local(std::path::PathBuf),
+    Fetched(bytes::Bytes),
+}
+
+type Batches = Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send>;
+
+impl Source {
+    async fn of(store: &leaseline_lake::LakeStore, path: &str) -> Result<Source> {
+        Ok(match store.local_root() {
+            Some(root) => Source::Local(root.join(path)),
+            None => Source::Fetched(store.get(path).await?),
+        })
+    }
+
+    fn open(path: &std::path::Path) -> Result<std::fs::File> {
+        std::fs::File::open(path).map_err(|e| {
+            let named = format!("{}: {e}", path.display());
+            LakeError::Io(std::io::Error::new(e.kind(), named)).into()
+        })
+    }
+
+    fn dictionary_reader(&self, columns: &[&str], dictionary: &[&str]) -> Result<Batches> {
+        Ok(match self {
+            Source::Local(p) => Box::new(parquet_io::dictionary_reader(
+                Source::open(p)?,
+                columns,
+                dictionary,
+            )?),
+            Source::Fetched(b) => Box::new(parquet_io::dictionary_reader(
+                b.clone(),
+                columns,
+                dictionary,
+            )?),
+        })
+    }
+
+    fn selected_reader(&self, columns: &[&str], keep: &[bool]) -> Result<Batches> {
+        Ok(match self {
+            Source::Local(p) => Box::new(parquet_io::selected_reader(
+                Source::open(p)?,
+                columns,
+                keep,
+            )?),
+            Source::Fetched(b) => Box::new(parquet_io::selected_reader(b.clone(), columns, keep)?),
+        })
+    }
+}
+
+/// Takes the offsets of `found` into `settled`, the largest of each
+/// partition.
+fn merge_settled(settled: &mut SettledOffsets, found: SettledOffsets) {
+    for (key, o) in found {
+        match settled.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, at)) => *at = (*at).max(o),
+            None => settled.push((key, o)),
+        }
+    }
 }
 
 /// Appends to `keep`, for each row of `batch` (of [`PLACE`]'s columns),
@@ -272,6 +449,8 @@ fn place(
         .collect();
     let topics = topic.values().as_string::<i32>();
     let (id_keys, topic_keys) = (ids.keys(), topic.keys());
+    // By the topic's key in this batch: no string per row.
+    let mut largest: Vec<((usize, i32), i64)> = Vec::new();
     for i in 0..batch.num_rows() {
         let cut = if ids.is_null(i) {
             None
@@ -288,32 +467,100 @@ fn place(
             return Ok(false);
         }
         // Partitions are few: a scan beats hashing a key per row.
-        let t = topics.value(t);
         let (p, o) = (partition.value(i), offset.value(i));
-        match settled.iter_mut().find(|((st, sp), _)| st == t && *sp == p) {
+        match largest.iter_mut().find(|(k, _)| *k == (t, p)) {
             Some((_, at)) => *at = (*at).max(o),
-            None => settled.push(((t.to_string(), p), o)),
+            None => largest.push(((t, p), o)),
         }
     }
+    merge_settled(
+        settled,
+        largest
+            .into_iter()
+            .map(|((t, p), o)| ((topics.value(t).to_string(), p), o))
+            .collect(),
+    );
     Ok(true)
 }
 
-/// Pushes the rows of `batch` that `wanted` takes (by row index and
-/// event). Lake rows hold each `event_id` once, and a lease's context is
-/// before its cut while its other rows read are not, so no id repeats.
-fn push(
-    auditor: &mut Auditor,
-    batch: &RecordBatch,
-    wanted: impl Fn((usize, &LeaseEvent<'_>)) -> bool,
-) -> Result<()> {
+/// Pushes the rows of `batch` whose index `wanted` takes. Lake rows hold
+/// each `event_id` once, and a lease's context is before its cut while its
+/// other rows read are not, so no id repeats.
+fn push(auditor: &mut Auditor, batch: &RecordBatch, wanted: impl Fn(usize) -> bool) -> Result<()> {
     let cols = EventColumns::new(batch)?;
     let mut events: Vec<LeaseEvent<'_>> = Vec::with_capacity(cols.len());
-    for i in 0..cols.len() {
-        let e = cols.event(i)?;
-        if wanted((i, &e)) {
-            events.push(e);
-        }
+    for i in (0..cols.len()).filter(|&i| wanted(i)) {
+        events.push(cols.event(i)?);
     }
     auditor.push_all_unique(&events);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leaseline_schema::{decode, EventBatchBuilder, Origin};
+
+    /// A `lease_events` file of `(lease, topic, partition, offset)` rows.
+    fn file(rows: &[(&str, &str, i32, i64)]) -> Source {
+        let mut b = EventBatchBuilder::new();
+        for (i, (lease, topic, partition, offset)) in rows.iter().enumerate() {
+            let line = format!(
+                r#"{{"ts":"2026-09-14T10:00:00Z","kind":"renewed","source":"holder","lease_id":"{lease}","holder_id":"h","fencing_token":1,"event_id":"e-{i}"}}"#
+            );
+            let ev = decode(line.as_bytes()).unwrap();
+            // An empty topic: the event came from a file.
+            let origin = match *topic {
+                "" => Origin::File {
+                    path: "in.jsonl",
+                    line: i as u64 + 1,
+                },
+                topic => Origin::Kafka {
+                    topic,
+                    partition: *partition,
+                    offset: *offset,
+                },
+            };
+            b.append(&ev, &origin, 0);
+        }
+        Source::Fetched(
+            parquet_io::encode(Table::LeaseEvents, &b.finish())
+                .unwrap()
+                .into(),
+        )
+    }
+
+    fn cuts(leases: &[&str]) -> HashMap<String, i64> {
+        leases.iter().map(|l| (l.to_string(), 1)).collect()
+    }
+
+    #[test]
+    fn a_file_before_every_cut_gives_each_partitions_largest_offset() {
+        let f = file(&[
+            ("a", "t", 0, 7),
+            ("b", "t", 1, 3),
+            ("a", "t", 0, 9),
+            ("c", "t", 2, 1),
+        ]);
+        let mut found = before_cuts(&f, &cuts(&["a", "b", "c"])).unwrap().unwrap();
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                (("t".to_string(), 0), 9),
+                (("t".to_string(), 1), 3),
+                (("t".to_string(), 2), 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lease_without_a_cut_or_a_second_topic_is_left_to_the_rows() {
+        let f = file(&[("a", "t", 0, 7), ("new", "t", 0, 8)]);
+        assert_eq!(before_cuts(&f, &cuts(&["a"])).unwrap(), None);
+        let f = file(&[("a", "t", 0, 7), ("a", "u", 0, 8)]);
+        assert_eq!(before_cuts(&f, &cuts(&["a"])).unwrap(), None);
+        let f = file(&[("a", "t", 0, 7), ("a", "", 0, 0)]);
+        assert_eq!(before_cuts(&f, &cuts(&["a"])).unwrap(), None);
+    }
 }
