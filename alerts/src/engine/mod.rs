@@ -398,6 +398,7 @@ impl AlertEngine {
             self.last_eval = b;
             self.next_eval = self.next_boundary(b);
         }
+        self.steps.close_before(self.last_eval);
         self.lifecycle.resolve_due(self.watermark);
         self.prune();
         self.observer.active(&mut self.lifecycle.active());

@@ -302,9 +302,9 @@ impl Rule for Churn {
         let mut fleet = 0u64;
         for s in steps.range(b - win..b) {
             fleet += u64::from(s.fleet_grants);
-            for (l, n) in &s.lease_grants {
-                *now.entry(l.clone()).or_default() += n;
-            }
+        }
+        for (l, n) in steps.lease_grants(b - win..b) {
+            *now.entry(l.clone()).or_default() += n;
         }
         let mut by_backend: BTreeMap<Option<&Name>, u64> = BTreeMap::new();
         for (l, n) in &now {
@@ -332,10 +332,10 @@ impl Rule for Churn {
         let mut base_fleet = 0u64;
         for s in steps.range(start - covered..start) {
             base_fleet += u64::from(s.fleet_grants);
-            for (l, n) in &s.lease_grants {
-                if now.contains_key(l) {
-                    *base_lease.entry(l).or_default() += u64::from(*n);
-                }
+        }
+        for (l, n) in steps.lease_grants(start - covered..start) {
+            if now.contains_key(l) {
+                *base_lease.entry(l).or_default() += u64::from(n);
             }
         }
         for (lease, n) in &now {
