@@ -130,11 +130,14 @@ pub(crate) async fn from_stored(
                 (path, None) => unsure.push(path),
             }
         }
+        let checked_at = std::time::Instant::now();
         let files = unsure
             .into_iter()
             .chain(tail.into_iter().map(|(path, _)| path));
         for path in files {
-            let file = Source::of(&store, &path).await?;
+            // Fetched whole: the rows selected from it are read page by
+            // page, which costs more from a file than from memory.
+            let file = Source::Fetched(store.get(&path).await?);
             let (tx, cuts) = (tx.clone(), reader_cuts.clone());
             let found = tokio::task::spawn_blocking(move || read_tail(&file, &cuts, settled, &tx))
                 .await
@@ -144,13 +147,13 @@ pub(crate) async fn from_stored(
             };
             settled = found;
         }
-        Ok(Ok(settled))
+        Ok(Ok((settled, checked_at)))
     });
     while let Some(batch) = rx.recv().await {
         push(&mut auditor, &batch, |_| true)?;
     }
-    let settled = match reader.await.map_err(joined)?? {
-        Ok(settled) => settled,
+    let (settled, checked_at) = match reader.await.map_err(joined)?? {
+        Ok(read) => read,
         Err(path) => {
             debug!(file = %path, "an event before its lease's cut has no Kafka position; auditing every event");
             return Ok(None);
@@ -210,6 +213,7 @@ pub(crate) async fn from_stored(
         leases = cuts.len(),
         events = auditor.len(),
         files_before_every_cut = files_before,
+        before_every_cut_ms = (checked_at - started - cuts_read).as_millis(),
         cuts_ms = cuts_read.as_millis(),
         events_ms = (events_read - cuts_read).as_millis(),
         resume_ms = (resumed - events_read).as_millis(),
@@ -338,9 +342,9 @@ fn before_cuts(file: &Source, cuts: &HashMap<String, i64>) -> Result<Option<Sett
     ))
 }
 
-/// A `lease_events` file to decode: in a local lake, the file itself, of
-/// which a reader reads only the chunks of the columns it decodes; in an
-/// object store, its bytes, fetched whole once.
+/// A `lease_events` file to decode: the file itself, of which a reader
+/// reads only the chunks of the columns it decodes (a local lake), or its
+/// bytes, fetched whole once.
 enum Source {
     Local(std::path::PathBuf),
     Fetched(bytes::Bytes),
