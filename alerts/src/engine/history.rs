@@ -7,7 +7,7 @@
 //! while the step is open (not evaluated yet: a grant's second report may
 //! still move it); once the engine has evaluated past it, they become a
 //! sorted list of (lease number, count), 8 bytes a lease rather than a map
-//! entry of about 50, with one [`LeaseNumbers`] table for every step. A
+//! entry of about 40, with one [`LeaseNumbers`] table for every step. A
 //! late grant reported into a closed step is inserted into its list.
 
 use std::collections::{BTreeMap, HashMap};
