@@ -547,7 +547,6 @@ impl Lake {
         &self,
         files: &[&DataFile],
     ) -> Result<std::collections::HashMap<String, i64>> {
-        use arrow::datatypes::TimestampMicrosecondType;
         let mut cuts: std::collections::HashMap<String, i64> = Default::default();
         let columns = ["lease_id", leaseline_schema::SETTLED_BEFORE];
         for f in files
@@ -557,20 +556,7 @@ impl Lake {
             let bytes = self.store.get(&f.path).await?;
             for batch in parquet_io::column_reader(bytes, &columns)? {
                 let batch = batch?;
-                let (Some(ids), Some(cut)) = (
-                    batch.column_by_name("lease_id"),
-                    batch.column_by_name(leaseline_schema::SETTLED_BEFORE),
-                ) else {
-                    return Err(LakeError::Delta(format!(
-                        "{} lacks lease_id or {}",
-                        f.path,
-                        leaseline_schema::SETTLED_BEFORE
-                    )));
-                };
-                let (ids, cut) = (
-                    ids.as_string::<i32>(),
-                    cut.as_primitive::<TimestampMicrosecondType>(),
-                );
+                let (ids, cut) = ids_and_cuts(&batch, &f.path)?;
                 for i in 0..batch.num_rows() {
                     // A lease's rows repeat its id: a key is allocated once.
                     let (id, at) = (ids.value(i), cut.value(i));
@@ -683,7 +669,6 @@ impl Lake {
         m: &Manifest,
         cut_of: impl Fn(&str) -> Option<i64>,
     ) -> Result<(Vec<String>, Vec<DataFile>)> {
-        use arrow::datatypes::TimestampMicrosecondType;
         let schema = parquet_io::schema_of(Table::LeaseContext);
         let all: Vec<&str> = schema.fields().iter().map(|c| c.name().as_str()).collect();
         let (mut remove, mut kept) = (Vec::new(), Vec::new());
@@ -691,20 +676,7 @@ impl Lake {
             let bytes = self.store.get(&f.path).await?;
             for batch in parquet_io::column_reader(bytes, &all)? {
                 let batch = batch?;
-                let (Some(ids), Some(cut)) = (
-                    batch.column_by_name("lease_id"),
-                    batch.column_by_name(leaseline_schema::SETTLED_BEFORE),
-                ) else {
-                    return Err(LakeError::Delta(format!(
-                        "{} lacks lease_id or {}",
-                        f.path,
-                        leaseline_schema::SETTLED_BEFORE
-                    )));
-                };
-                let (ids, cut) = (
-                    ids.as_string::<i32>(),
-                    cut.as_primitive::<TimestampMicrosecondType>(),
-                );
+                let (ids, cut) = ids_and_cuts(&batch, &f.path)?;
                 let keep: Vec<bool> = (0..batch.num_rows())
                     .map(|i| cut_of(ids.value(i)).is_none_or(|c| cut.value(i) >= c))
                     .collect();
@@ -921,4 +893,28 @@ impl Lake {
         }
         Ok(deleted)
     }
+}
+
+/// The lease ids and cuts (`settled_before`) of a batch of a stored
+/// audit table read from `path`.
+fn ids_and_cuts<'a>(
+    batch: &'a RecordBatch,
+    path: &str,
+) -> Result<(
+    &'a arrow::array::StringArray,
+    &'a arrow::array::TimestampMicrosecondArray,
+)> {
+    let (Some(ids), Some(cut)) = (
+        batch.column_by_name("lease_id"),
+        batch.column_by_name(leaseline_schema::SETTLED_BEFORE),
+    ) else {
+        return Err(LakeError::Delta(format!(
+            "{path} lacks lease_id or {}",
+            leaseline_schema::SETTLED_BEFORE
+        )));
+    };
+    Ok((
+        ids.as_string::<i32>(),
+        cut.as_primitive::<arrow::datatypes::TimestampMicrosecondType>(),
+    ))
 }

@@ -27,6 +27,34 @@ fn events(ids: std::ops::Range<u64>, token: u64) -> RecordBatch {
     b.finish()
 }
 
+/// Commits a settle of `add` and `remove` on `m`.
+async fn commit_settle(
+    lake: &Lake,
+    m: &leaseline_lake::Manifest,
+    add: Vec<leaseline_lake::DataFile>,
+    remove: Vec<String>,
+) -> leaseline_lake::Manifest {
+    let change = Change::Settle {
+        add,
+        remove,
+        kafka: vec![],
+    };
+    lake.commit(m, &change).await.unwrap()
+}
+
+/// The values of a string column, sorted.
+fn sorted(rows: &RecordBatch, column: &str) -> Vec<String> {
+    let mut v: Vec<String> = rows
+        .column_by_name(column)
+        .unwrap()
+        .as_string::<i32>()
+        .iter()
+        .map(|s| s.unwrap().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
 fn range(start: i64, end: i64) -> KafkaRange {
     KafkaRange {
         topic: "t".into(),
@@ -335,17 +363,7 @@ async fn stored_audit_rows_tell_their_cuts_and_a_lease_is_rewritten_out_of_them(
     assert_eq!(remove.len(), 1);
     assert_eq!(add.len(), 1);
     assert_eq!(add[0].rows, 1);
-    let m2 = lake
-        .commit(
-            &m,
-            &Change::Settle {
-                add,
-                remove,
-                kafka: vec![],
-            },
-        )
-        .await
-        .unwrap();
+    let m2 = commit_settle(&lake, &m, add, remove).await;
     let cuts = lake
         .stored_cuts(&m2.files.iter().collect::<Vec<_>>())
         .await
@@ -353,16 +371,7 @@ async fn stored_audit_rows_tell_their_cuts_and_a_lease_is_rewritten_out_of_them(
     assert_eq!(cuts.len(), 2);
     assert_eq!((cuts["b"], cuts["c"]), (20, 5));
     let rows = lake.read_table(&m2, Table::LeaseTimeline).await.unwrap();
-    let ids: Vec<&str> = rows
-        .column_by_name("lease_id")
-        .unwrap()
-        .as_string::<i32>()
-        .iter()
-        .map(|s| s.unwrap())
-        .collect();
-    let mut ids = ids;
-    ids.sort();
-    assert_eq!(ids, ["b", "c"]);
+    assert_eq!(sorted(&rows, "lease_id"), ["b", "c"]);
 }
 
 /// `lease_context` rows: each `(lease, event id, cut)`.
@@ -423,28 +432,10 @@ async fn superseded_context_rows_are_dropped_and_the_current_ones_kept() {
     };
     let (remove, add) = lake.drop_superseded_context(&m, cut_of).await.unwrap();
     assert_eq!(remove.len(), 3);
-    let m2 = lake
-        .commit(
-            &m,
-            &Change::Settle {
-                add,
-                remove,
-                kafka: vec![],
-            },
-        )
-        .await
-        .unwrap();
+    let m2 = commit_settle(&lake, &m, add, remove).await;
     assert_eq!(m2.files_of(Table::LeaseContext).count(), 1);
     let rows = lake.read_table(&m2, Table::LeaseContext).await.unwrap();
-    let mut ids: Vec<&str> = rows
-        .column_by_name("event_id")
-        .unwrap()
-        .as_string::<i32>()
-        .iter()
-        .map(|s| s.unwrap())
-        .collect();
-    ids.sort();
-    assert_eq!(ids, ["a3", "c1", "d1"]);
+    assert_eq!(sorted(&rows, "event_id"), ["a3", "c1", "d1"]);
     let cuts = lake
         .stored_cuts(&m2.files.iter().collect::<Vec<_>>())
         .await
