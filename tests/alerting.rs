@@ -467,6 +467,10 @@ async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka
         ("partition", &["--partition", "0.05"]),
         ("skew", &["--clock-skew", "200ms"]),
     ];
+    // The clean history (about six minutes of event time) settles and
+    // stores its rows many times over with a 30 s window.
+    let window = dir.path().join("window.toml");
+    std::fs::write(&window, "[audit]\nevent_window = \"30s\"\n").unwrap();
     for (name, args) in faults {
         let topic = format!("sim-{name}");
         broker.create_topic(&topic, 3).await;
@@ -495,10 +499,6 @@ async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka
             .collect();
 
         let lake = dir.path().join(format!("lake-{name}"));
-        // The clean history (about six minutes of event time) settles and
-        // stores its rows many times over with a 30 s window.
-        let window = dir.path().join("window.toml");
-        std::fs::write(&window, "[audit]\nevent_window = \"30s\"\n").unwrap();
         let mut args = vec![
             "--ingest",
             "--brokers",

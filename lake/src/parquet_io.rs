@@ -366,8 +366,8 @@ pub fn dictionary_reader<R: ChunkReader + 'static>(
 /// [`column_reader`] of the rows whose index is true in `keep` (one entry
 /// per row of the file): rows left out are skipped while decoding rather
 /// than decoded and filtered.
-pub fn selected_reader<R: ChunkReader + 'static>(
-    file: R,
+pub fn selected_reader(
+    bytes: Bytes,
     columns: &[&str],
     keep: &[bool],
 ) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
@@ -375,7 +375,7 @@ pub fn selected_reader<R: ChunkReader + 'static>(
         arrow::array::BooleanArray::from(keep.to_vec()),
     ]);
     batches_of(
-        ParquetRecordBatchReaderBuilder::try_new(file)?.with_row_selection(selection),
+        ParquetRecordBatchReaderBuilder::try_new(bytes)?.with_row_selection(selection),
         columns,
     )
 }

@@ -135,11 +135,9 @@ pub(crate) async fn from_stored(
             .into_iter()
             .chain(tail.into_iter().map(|(path, _)| path));
         for path in files {
-            // Fetched whole: the rows selected from it are read page by
-            // page, which costs more from a file than from memory.
-            let file = Source::Fetched(store.get(&path).await?);
+            let bytes = store.get(&path).await?;
             let (tx, cuts) = (tx.clone(), reader_cuts.clone());
-            let found = tokio::task::spawn_blocking(move || read_tail(&file, &cuts, settled, &tx))
+            let found = tokio::task::spawn_blocking(move || read_tail(bytes, &cuts, settled, &tx))
                 .await
                 .map_err(joined)??;
             let Some(found) = found else {
@@ -240,13 +238,13 @@ type SettledOffsets = Vec<((String, i32), i64)>;
 /// after their lease's cut), and adds the file's other rows to `settled`;
 /// `None` if one of those has no Kafka position.
 fn read_tail(
-    file: &Source,
+    bytes: bytes::Bytes,
     cuts: &HashMap<String, i64>,
     mut settled: SettledOffsets,
     tx: &tokio::sync::mpsc::Sender<RecordBatch>,
 ) -> Result<Option<SettledOffsets>> {
     let mut keep = Vec::new();
-    for batch in file.dictionary_reader(&PLACE, &DICTIONARY)? {
+    for batch in parquet_io::dictionary_reader(bytes.clone(), &PLACE, &DICTIONARY)? {
         let batch = batch.map_err(LakeError::from)?;
         if !place(&batch, cuts, &mut settled, &mut keep)? {
             return Ok(None);
@@ -255,7 +253,7 @@ fn read_tail(
     if !keep.iter().any(|&k| k) {
         return Ok(Some(settled));
     }
-    for batch in file.selected_reader(&EventColumns::COLUMNS, &keep)? {
+    for batch in parquet_io::selected_reader(bytes, &EventColumns::COLUMNS, &keep)? {
         let batch = batch.map_err(LakeError::from)?;
         if batch.num_rows() > 0 && tx.blocking_send(batch).is_err() {
             // The auditor side failed, and says why.
@@ -342,9 +340,11 @@ fn before_cuts(file: &Source, cuts: &HashMap<String, i64>) -> Result<Option<Sett
     ))
 }
 
-/// A `lease_events` file to decode: the file itself, of which a reader
-/// reads only the chunks of the columns it decodes (a local lake), or its
-/// bytes, fetched whole once.
+/// A `lease_events` file older than every cut, to decode a few columns
+/// of: in a local lake the file itself, of which only those columns'
+/// chunks are read; otherwise its bytes, fetched whole. (The files after
+/// the oldest cut are fetched whole even when local: the rows selected
+/// from them are read page by page, which costs more from a file.)
 enum Source {
     Local(std::path::PathBuf),
     Fetched(bytes::Bytes),
@@ -379,17 +379,6 @@ impl Source {
                 columns,
                 dictionary,
             )?),
-        })
-    }
-
-    fn selected_reader(&self, columns: &[&str], keep: &[bool]) -> Result<Batches> {
-        Ok(match self {
-            Source::Local(p) => Box::new(parquet_io::selected_reader(
-                Source::open(p)?,
-                columns,
-                keep,
-            )?),
-            Source::Fetched(b) => Box::new(parquet_io::selected_reader(b.clone(), columns, keep)?),
         })
     }
 }

@@ -25,6 +25,20 @@ pub(crate) struct Step {
     pub fleet_grants: u32,
 }
 
+impl Step {
+    /// An empty step; a closed one keeps its grants as a list.
+    fn new(closed: bool) -> Step {
+        Step {
+            lease_grants: if closed {
+                LeaseGrants::Closed(Vec::new())
+            } else {
+                LeaseGrants::Open(HashMap::new())
+            },
+            ..Step::default()
+        }
+    }
+}
+
 /// A step's grants per lease: see the module docs.
 enum LeaseGrants {
     Open(HashMap<Name, u32>),
@@ -142,14 +156,7 @@ impl Steps {
     pub fn at(&mut self, ts: i64) -> &mut Step {
         let at = self.floor(ts);
         let closed = at < self.closed_before;
-        self.steps.entry(at).or_insert_with(|| Step {
-            lease_grants: if closed {
-                LeaseGrants::Closed(Vec::new())
-            } else {
-                LeaseGrants::Open(HashMap::new())
-            },
-            ..Step::default()
-        })
+        self.steps.entry(at).or_insert_with(|| Step::new(closed))
     }
 
     /// Adds `by` (1 or -1) to `lease`'s grants in the step `ts` falls in,
@@ -157,24 +164,25 @@ impl Steps {
     fn add_grant(&mut self, lease: &Name, ts: i64, by: i32) {
         let at = self.floor(ts);
         let closed = at < self.closed_before;
-        let number = closed.then(|| self.numbers.number(lease, at));
-        let s = self.at(ts);
+        let s = self.steps.entry(at).or_insert_with(|| Step::new(closed));
         s.fleet_grants = s.fleet_grants.saturating_add_signed(by);
-        match (&mut s.lease_grants, number) {
-            (LeaseGrants::Open(m), _) if by < 0 => {
+        match &mut s.lease_grants {
+            LeaseGrants::Open(m) if by < 0 => {
                 if let Some(c) = m.get_mut(lease) {
                     *c = c.saturating_add_signed(by);
                 }
             }
-            (LeaseGrants::Open(m), _) => {
+            LeaseGrants::Open(m) => {
                 let c = m.entry(lease.clone()).or_default();
                 *c = c.saturating_add_signed(by);
             }
-            (LeaseGrants::Closed(v), Some(n)) => match v.binary_search_by_key(&n, |e| e.0) {
-                Ok(i) => v[i].1 = v[i].1.saturating_add_signed(by),
-                Err(i) => v.insert(i, (n, by.max(0) as u32)),
-            },
-            (LeaseGrants::Closed(_), None) => unreachable!("a closed step's grants are numbered"),
+            LeaseGrants::Closed(v) => {
+                let n = self.numbers.number(lease, at);
+                match v.binary_search_by_key(&n, |e| e.0) {
+                    Ok(i) => v[i].1 = v[i].1.saturating_add_signed(by),
+                    Err(i) => v.insert(i, (n, by.max(0) as u32)),
+                }
+            }
         }
     }
 
@@ -199,26 +207,16 @@ impl Steps {
         if boundary <= self.closed_before {
             return;
         }
-        let open: Vec<i64> = self
-            .steps
-            .range(self.closed_before..boundary)
-            .map(|(at, _)| *at)
-            .collect();
-        for at in open {
-            let Some(s) = self.steps.get_mut(&at) else {
-                continue;
-            };
-            let LeaseGrants::Open(m) =
-                std::mem::replace(&mut s.lease_grants, LeaseGrants::Closed(Vec::new()))
-            else {
-                continue;
-            };
-            let mut v: Vec<(u32, u32)> = m
-                .into_iter()
-                .map(|(l, n)| (self.numbers.number(&l, at), n))
-                .collect();
-            v.sort_unstable();
-            s.lease_grants = LeaseGrants::Closed(v);
+        let numbers = &mut self.numbers;
+        for (&at, s) in self.steps.range_mut(self.closed_before..boundary) {
+            if let LeaseGrants::Open(m) = &mut s.lease_grants {
+                let mut v: Vec<(u32, u32)> = m
+                    .drain()
+                    .map(|(l, n)| (numbers.number(&l, at), n))
+                    .collect();
+                v.sort_unstable();
+                s.lease_grants = LeaseGrants::Closed(v);
+            }
         }
         self.closed_before = boundary;
     }
