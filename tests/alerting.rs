@@ -512,7 +512,7 @@ async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka
         if name == "clean" {
             args.extend(["--config", window.to_str().unwrap()]);
         }
-        let server = Server::start(&lake, &args, dir.path());
+        let mut server = Server::start(&lake, &args, dir.path());
         let consumed = wait_until(Duration::from_secs(600), || {
             let r = server.sql(
                 "SELECT count(*) AS n FROM lease_events",
@@ -548,6 +548,10 @@ async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka
                 .logs()
                 .matches("stored the audit's settled rows")
                 .count();
+            // Stopped first: serve goes on settling as its idle
+            // partitions move the watermark, and the readers below must
+            // all read the same version.
+            assert!(server.proc.terminate(Duration::from_secs(60)).success());
             let cuts = context_cuts_per_lease(&lake);
             assert!(
                 stores > 4 && cuts <= 4,
