@@ -673,3 +673,65 @@ window = "1m"
     assert!(ok, "lease_alerts:\n{seen}\nserve:\n{}", server.proc.logs());
     assert!(w.terminate(Duration::from_secs(30)).success());
 }
+
+/// A client's release is a delete of its key and, at once, a revoke of its
+/// session's lease. The watcher must read the lease before the revoke
+/// even while its loop waits on a stalled broker for a checkpoint:
+/// read after, the release would look like an operator's revoke.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_while_kafka_stalls_the_watcher_is_still_a_release() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let etcd = Etcd::start(d);
+    let broker = Broker::start(d);
+    broker.create_topic("leases", 1).await;
+    let server = serve(d, &broker);
+    let mut w = watch_etcd(&etcd, &broker, &d.join("watch-etcd.json"), d);
+    wait_log(&mut w, "watching", 30);
+
+    // A session's key, as etcd's `concurrency` package puts it.
+    let take = |name: &str| {
+        let out = etcd.run(&["lease", "grant", "60"]);
+        // etcdctl pads the id to 16 digits; a session's key does not.
+        let id = out.split_whitespace().nth(1).unwrap();
+        let hex = format!("{:x}", u64::from_str_radix(id, 16).unwrap());
+        let key = format!("leases/{name}/{hex}");
+        etcd.run(&["put", "--lease", &hex, &key, ""]);
+        (key, hex)
+    };
+    let (orders, orders_lease) = take("orders");
+    let revision = |key: &str| {
+        let (keys, _) = etcd.keys(key);
+        keys[0].create_revision
+    };
+    let orders_token = revision(&orders);
+    let granted = format!("orders,{orders_token},acquired,{orders_lease}\n");
+    assert!(
+        wait_until(Duration::from_secs(40), || transitions(&server)
+            .contains(&granted)),
+        "{granted} never ingested:\n{}",
+        w.logs()
+    );
+
+    // The broker stops answering; a new grant leaves the watcher with
+    // events to confirm, and its next checkpoint waits.
+    broker.proc.signal(libc::SIGSTOP);
+    let (jobs, jobs_lease) = take("jobs");
+    let jobs_token = revision(&jobs);
+    wait_log(&mut w, "has not confirmed delivery yet", 30);
+    etcd.run(&["del", &orders]);
+    etcd.run(&["lease", "revoke", &orders_lease]);
+    broker.proc.signal(libc::SIGCONT);
+
+    wait_transitions(
+        &server,
+        &w,
+        &format!(
+            "lease_id,fencing_token,kind,holder_id\n\
+             jobs,{jobs_token},acquired,{jobs_lease}\n\
+             orders,{orders_token},acquired,{orders_lease}\n\
+             orders,{orders_token},released,{orders_lease}\n"
+        ),
+    );
+}

@@ -35,8 +35,11 @@
 //!
 //! What a watch shows and what it does not:
 //! - a new key, a new owner, a deleted key are seen as they happen;
-//! - a delete does not say why. The adapter asks for the key's lease right
-//!   then: a lease still alive means the client deleted its key (`Unlock`,
+//! - a delete does not say why. The adapter asks for the key's lease as
+//!   soon as the delete arrives, in a task that reads the watch ahead of
+//!   the loop that reports (which may be waiting on Kafka), since a
+//!   client's release is a delete followed at once by a revoke of its
+//!   session's lease: a lease still alive means the client deleted its key (`Unlock`,
 //!   `Resign`): `released`. A lease gone means it was revoked or ran out,
 //!   which etcd does the same way (a lease revoke deleting its keys), so
 //!   the adapter tells them apart by the deadline it knows: gone more than
@@ -76,6 +79,8 @@ use etcd_client::{
     Client, ConnectOptions, EventType, GetOptions, KeyValue, WatchOptions, WatchResponse,
     WatchStream,
 };
+use tokio::sync::mpsc;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
 use crate::mapping::{End, Held};
@@ -415,7 +420,8 @@ impl Backend for Etcd {
                 Some(
                     WatchOptions::new()
                         .with_prefix()
-                        .with_start_revision(at + 1),
+                        .with_start_revision(at + 1)
+                        .with_prev_key(),
                 ),
             ),
         )
@@ -439,9 +445,11 @@ impl Backend for Etcd {
         }
         let mut poll = tokio::time::interval(self.config.lease_poll_interval);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (received, reader) = spawn_reader(stream, client.clone(), t);
         Ok(EtcdSession {
             client,
-            stream,
+            received,
+            _reader: reader,
             prefix,
             timeout: t,
             model,
@@ -449,6 +457,7 @@ impl Backend for Etcd {
             pending: VecDeque::new(),
             inbox: None,
             alive: HashMap::new(),
+            arrived_ms: None,
             at,
             pending_at: at,
             handed: None,
@@ -457,10 +466,101 @@ impl Backend for Etcd {
     }
 }
 
+/// A watch response with whether the lease of each key it deletes was
+/// alive when the response arrived.
+struct Received {
+    resp: WatchResponse,
+    alive: HashMap<i64, bool>,
+    /// When it arrived: a lease found gone is told revoked or expired by
+    /// this time, not by when the loop got to it.
+    arrived_ms: i64,
+}
+
+/// Responses the reader may hold ahead of the changes handed out.
+const RECEIVED_AHEAD: usize = 1024;
+
+/// Reads the watch in a task of its own, and the lease of every key a
+/// response deletes as soon as the response arrives (from the key's
+/// previous value, which the watch sends along).
+///
+/// Why: a lock client's release is two calls, delete the key then revoke
+/// the session's lease (`Unlock` then `Close` in etcd's `concurrency`
+/// package), and a delete is a release only if its lease is still alive
+/// when read. The revoke goes through Raft and the TTL read does not, so a
+/// read made when the delete arrives comes first; a read made after the
+/// watcher's loop has waited on Kafka for a checkpoint comes too late and
+/// reads a release as a revoke.
+fn spawn_reader(
+    mut stream: WatchStream,
+    client: Client,
+    timeout: Duration,
+) -> (
+    mpsc::Receiver<Result<Received, WatchError>>,
+    AbortOnDropHandle<()>,
+) {
+    let (tx, rx) = mpsc::channel(RECEIVED_AHEAD);
+    let task = tokio::spawn(async move {
+        let mut leases = client.lease_client();
+        loop {
+            let r = async {
+                let resp = stream
+                    .message()
+                    .await
+                    .map_err(backend_error("watching"))?
+                    .ok_or_else(|| WatchError::Backend("the watch stream closed".into()))?;
+                if resp.canceled() {
+                    return Err(WatchError::Backend(format!(
+                        "the watch was cancelled (compacted at {}): {}",
+                        resp.compact_revision(),
+                        resp.cancel_reason()
+                    )));
+                }
+                let deleted: BTreeSet<i64> = resp
+                    .events()
+                    .iter()
+                    .filter(|e| e.event_type() == EventType::Delete)
+                    .filter_map(|e| e.prev_kv())
+                    .map(|kv| kv.lease())
+                    .filter(|l| *l != 0)
+                    .collect();
+                let arrived_ms = now_ms();
+                let mut alive = HashMap::new();
+                for lease in deleted {
+                    let ttl = timed(
+                        timeout,
+                        "reading a lease's TTL",
+                        leases.time_to_live(lease, None),
+                    )
+                    .await?
+                    .ttl();
+                    alive.insert(lease, ttl >= 0);
+                }
+                Ok(Received {
+                    resp,
+                    alive,
+                    arrived_ms,
+                })
+            }
+            .await;
+            let stop = r.is_err();
+            // Progress notices carry no change.
+            if matches!(&r, Ok(m) if m.resp.events().is_empty()) {
+                continue;
+            }
+            if tx.send(r).await.is_err() || stop {
+                return;
+            }
+        }
+    });
+    (rx, AbortOnDropHandle::new(task))
+}
+
 /// One connection: the watch stream and the model it keeps up to date.
 pub struct EtcdSession {
     client: Client,
-    stream: WatchStream,
+    /// The watch's responses, as [`spawn_reader`] hands them on.
+    received: mpsc::Receiver<Result<Received, WatchError>>,
+    _reader: AbortOnDropHandle<()>,
     prefix: String,
     timeout: Duration,
     model: Model,
@@ -471,8 +571,11 @@ pub struct EtcdSession {
     /// A response received and not yet handled: kept here so that a
     /// cancelled [`Session::next_change`] loses nothing.
     inbox: Option<WatchResponse>,
-    /// Lease states read for the response in the inbox.
+    /// Lease states read for the response in the inbox: when it arrived
+    /// for the keys it deletes, others when it is handled.
     alive: HashMap<i64, bool>,
+    /// When the response in the inbox arrived.
+    arrived_ms: Option<i64>,
     /// The revision every change up to which was handed out.
     at: i64,
     /// The revision of the response being handed out.
@@ -494,21 +597,11 @@ impl Session for EtcdSession {
             }
             if self.inbox.is_none() {
                 tokio::select! {
-                    m = self.stream.message() => {
-                        let m = m
-                            .map_err(backend_error("watching"))?
-                            .ok_or_else(|| WatchError::Backend("the watch stream closed".into()))?;
-                        if m.canceled() {
-                            return Err(WatchError::Backend(format!(
-                                "the watch was cancelled (compacted at {}): {}",
-                                m.compact_revision(),
-                                m.cancel_reason()
-                            )));
-                        }
-                        if m.events().is_empty() {
-                            continue;
-                        }
-                        self.inbox = Some(m);
+                    r = self.received.recv() => {
+                        let r = r.ok_or_else(|| WatchError::Backend("the watch reader stopped".into()))??;
+                        self.alive = r.alive;
+                        self.arrived_ms = Some(r.arrived_ms);
+                        self.inbox = Some(r.resp);
                     }
                     _ = self.poll.tick() => {
                         self.poll_leases().await?;
@@ -618,8 +711,9 @@ impl EtcdSession {
         let Some(resp) = &self.inbox else {
             return Ok(());
         };
-        // Leases of deleted keys, read before the model moves on: each
-        // read is kept, so a cancelled call starts where it stopped.
+        // Leases of deleted keys the reader could not read (a delete
+        // without its previous value), read before the model moves on:
+        // each read is kept, so a cancelled call starts where it stopped.
         let leases: Vec<i64> = resp
             .events()
             .iter()
@@ -633,9 +727,11 @@ impl EtcdSession {
             if !self.alive.contains_key(&lease) {
                 let alive = self.ttl(lease).await? >= 0;
                 self.alive.insert(lease, alive);
+                // Read now, so judged by now.
+                self.arrived_ms = None;
             }
         }
-        let now = now_ms();
+        let now = self.arrived_ms.take().unwrap_or_else(now_ms);
         let Some(resp) = self.inbox.take() else {
             return Ok(());
         };

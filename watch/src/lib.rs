@@ -203,6 +203,9 @@ impl Default for WatchConfig {
 /// How long a checkpoint or the final flush waits for the sink.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a checkpoint waits on the sink before saying so.
+const SLOW_CHECKPOINT: Duration = Duration::from_secs(1);
+
 /// How long a full sink is given before the event is offered again.
 const FULL_RETRY: Duration = Duration::from_millis(20);
 
@@ -498,7 +501,7 @@ impl Watcher {
         let snapshot = tracker.snapshot();
         let sink = self.sink.clone();
         let path = self.config.state_file.clone();
-        let done = tokio::task::spawn_blocking(move || {
+        let mut saving = tokio::task::spawn_blocking(move || {
             sink.flush(FLUSH_TIMEOUT)
                 .map_err(|e| format!("the sink did not confirm delivery: {e}"))?;
             match path {
@@ -506,8 +509,19 @@ impl Watcher {
                     .map_err(|e| format!("writing the state file {}: {e}", p.display())),
                 None => Ok(()),
             }
-        })
-        .await
+        });
+        let done = match tokio::time::timeout(SLOW_CHECKPOINT, &mut saving).await {
+            Ok(done) => done,
+            Err(_) => {
+                // Said once per checkpoint: changes wait meanwhile, and
+                // their events' times will be when they are handled.
+                warn!(
+                    waited = ?SLOW_CHECKPOINT,
+                    "the sink has not confirmed delivery yet: no change is handled until it does"
+                );
+                saving.await
+            }
+        }
         .map_err(|e| WatchError::Fatal(format!("checkpoint: {e}")))?;
         if let Err(e) = done {
             // Tried again at the next checkpoint; until then a restart
