@@ -363,6 +363,51 @@ pub fn dictionary_reader<R: ChunkReader + 'static>(
     )
 }
 
+/// Per row group, the `(least, largest)` of each column asked for; see
+/// [`int_ranges`].
+pub type IntRanges = Vec<Option<Vec<(i64, i64)>>>;
+
+/// Of each row group of `file`, the least and the largest value of each
+/// integer column of `columns`, from the footer's statistics, so that no
+/// page is read. `None` for a row group where one is not recorded, or
+/// where the column holds a null.
+pub fn int_ranges<R: ChunkReader + 'static>(
+    file: &R,
+    columns: &[&str],
+) -> Result<IntRanges> {
+    use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+    use parquet::file::statistics::Statistics;
+    let meta = ArrowReaderMetadata::load(file, ArrowReaderOptions::new())?;
+    let ranges = meta
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|rg| {
+            columns
+                .iter()
+                .map(|name| {
+                    let chunk = rg
+                        .columns()
+                        .iter()
+                        .find(|c| c.column_path().string() == *name)?;
+                    let stats = chunk.statistics()?;
+                    if stats.null_count_opt() != Some(0) {
+                        return None;
+                    }
+                    match stats {
+                        Statistics::Int32(s) => {
+                            Some((i64::from(*s.min_opt()?), i64::from(*s.max_opt()?)))
+                        }
+                        Statistics::Int64(s) => Some((*s.min_opt()?, *s.max_opt()?)),
+                        _ => None,
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    Ok(ranges)
+}
+
 /// [`column_reader`] of the rows whose index is true in `keep` (one entry
 /// per row of the file): rows left out are skipped while decoding rather
 /// than decoded and filtered.

@@ -34,8 +34,11 @@
 //! selection), on a blocking thread while the audit takes the rows already
 //! read. A file whose newest event (the manifest says) is older than every
 //! lease's cut has no row to audit if every lease in it has a cut: of such
-//! a file only the dictionaries of lease ids, and the Kafka positions,
-//! are read, two files at a time, before the others ([`before_cuts`]).
+//! a file only the dictionaries of lease ids and topics are read, and the
+//! Kafka positions are taken from the row groups' statistics (an upper
+//! bound, checked against the recorded positions like the rows' own
+//! offsets, and read row by row if it does not pass), two files at a
+//! time, before the others ([`before_cuts`]).
 //! Once the stored rows reach a few minutes behind the newest events,
 //! that is most of the lake.
 //!
@@ -107,7 +110,9 @@ pub(crate) async fn from_stored(
     let files_before = before.len();
     let reader_cuts = cuts.clone();
     let reader = tokio::spawn(async move {
-        // The writer's recorded position must be past these.
+        // The writer's recorded position must be past these: of each file
+        // before every cut, and of the others.
+        let mut found_before = Vec::new();
         let mut settled = SettledOffsets::new();
         // Files wholly before every lease's cut hold nothing to audit but
         // the rows of a lease without a cut; both cores check them.
@@ -115,7 +120,7 @@ pub(crate) async fn from_stored(
             let (store, cuts) = (store.clone(), reader_cuts.clone());
             async move {
                 let file = Source::of(&store, &path).await?;
-                let found = tokio::task::spawn_blocking(move || before_cuts(&file, &cuts))
+                let found = tokio::task::spawn_blocking(move || before_cuts(&file, &cuts, true))
                     .await
                     .map_err(joined)??;
                 Ok::<_, QueryError>((path, found))
@@ -126,7 +131,7 @@ pub(crate) async fn from_stored(
         let mut unsure = Vec::new();
         while let Some(checked) = checked.next().await {
             match checked? {
-                (_, Some(found)) => merge_settled(&mut settled, found),
+                (path, Some((found, bound))) => found_before.push((path, found, bound)),
                 (path, None) => unsure.push(path),
             }
         }
@@ -145,12 +150,12 @@ pub(crate) async fn from_stored(
             };
             settled = found;
         }
-        Ok(Ok((settled, checked_at)))
+        Ok(Ok((found_before, settled, checked_at)))
     });
     while let Some(batch) = rx.recv().await {
         push(&mut auditor, &batch, |_| true)?;
     }
-    let (settled, checked_at) = match reader.await.map_err(joined)?? {
+    let (found_before, tail_settled, checked_at) = match reader.await.map_err(joined)?? {
         Ok(read) => read,
         Err(path) => {
             debug!(file = %path, "an event before its lease's cut has no Kafka position; auditing every event");
@@ -185,20 +190,46 @@ pub(crate) async fn from_stored(
             })?;
         }
     }
-    let partitions: Vec<(String, i32)> = settled.iter().map(|(k, _)| k.clone()).collect();
-    let Some(positions) = lake.stored_positions(m, &partitions).await? else {
-        debug!("the stored audit tables moved on while read; auditing every event");
-        return Ok(None);
-    };
-    let accounted = settled.iter().all(|((topic, p), offset)| {
-        positions
-            .get(topic)
-            .and_then(|ps| ps.get(p))
-            .is_some_and(|&next| *offset < next)
-    });
-    if !accounted {
-        debug!("an event before its lease's cut is past the stored rows' position; auditing every event");
-        return Ok(None);
+    let context_read = started.elapsed();
+    let mut settled = tail_settled.clone();
+    for (_, found, _) in &found_before {
+        merge_settled(&mut settled, found.clone());
+    }
+    let mut accounted = accounted_for(lake, m, &settled).await?;
+    // Offsets from statistics are upper bounds, which may not show what the
+    // rows themselves would: those files are read again, row by row.
+    if accounted == Some(false) && found_before.iter().any(|(_, _, bound)| *bound) {
+        settled = tail_settled;
+        for (path, found, bound) in found_before {
+            let found = match bound {
+                false => found,
+                true => {
+                    let (store, cuts) = (lake.store().clone(), cuts.clone());
+                    let file = Source::of(&store, &path).await?;
+                    let exact =
+                        tokio::task::spawn_blocking(move || before_cuts(&file, &cuts, false))
+                            .await
+                            .map_err(joined)??;
+                    match exact {
+                        Some((found, _)) => found,
+                        None => return Ok(None),
+                    }
+                }
+            };
+            merge_settled(&mut settled, found);
+        }
+        accounted = accounted_for(lake, m, &settled).await?;
+    }
+    match accounted {
+        None => {
+            debug!("the stored audit tables moved on while read; auditing every event");
+            return Ok(None);
+        }
+        Some(false) => {
+            debug!("an event before its lease's cut is past the stored rows' position; auditing every event");
+            return Ok(None);
+        }
+        Some(true) => {}
     }
     let failed = auditor.resume_all(cuts.iter().map(|(l, &c)| (l.as_str(), c)));
     if let Some(lease) = failed.first() {
@@ -214,7 +245,8 @@ pub(crate) async fn from_stored(
         before_every_cut_ms = (checked_at - started - cuts_read).as_millis(),
         cuts_ms = cuts_read.as_millis(),
         events_ms = (events_read - cuts_read).as_millis(),
-        resume_ms = (resumed - events_read).as_millis(),
+        context_ms = (context_read - events_read).as_millis(),
+        resume_ms = (resumed - context_read).as_millis(),
         derive_ms = (started.elapsed() - resumed).as_millis(),
         "the audit's tables are the stored audit rows and the events after them"
     );
@@ -233,6 +265,25 @@ pub(crate) async fn from_stored(
 /// The largest offset of each Kafka partition's rows before their lease's
 /// cut, by `(topic, partition)`; partitions are few.
 type SettledOffsets = Vec<((String, i32), i64)>;
+
+/// Whether the positions recorded with `m`'s stored rows are past every
+/// offset of `settled`; `None` when the stored tables moved on while read.
+async fn accounted_for(
+    lake: &Lake,
+    m: &Manifest,
+    settled: &SettledOffsets,
+) -> Result<Option<bool>> {
+    let partitions: Vec<(String, i32)> = settled.iter().map(|(k, _)| k.clone()).collect();
+    let Some(positions) = lake.stored_positions(m, &partitions).await? else {
+        return Ok(None);
+    };
+    Ok(Some(settled.iter().all(|((topic, p), offset)| {
+        positions
+            .get(topic)
+            .and_then(|ps| ps.get(p))
+            .is_some_and(|&next| *offset < next)
+    })))
+}
 
 /// Sends the rows of one `lease_events` file that the reader audits (at or
 /// after their lease's cut), and adds the file's other rows to `settled`;
@@ -270,16 +321,47 @@ fn read_tail(
 /// reads the file row by row, [`read_tail`]). Reads no time and decodes
 /// each batch's lease ids once, as a dictionary.
 ///
+/// With `from_statistics`, the partitions and offsets are taken from each
+/// row group's statistics when it has them, without decoding them (the
+/// offsets are most of the bytes). A row group of one partition gives its
+/// largest offset; one of several gives its largest offset to each
+/// partition in its range: an upper bound, marked by the returned `true`,
+/// which shows the rows accounted for whenever the recorded positions are
+/// past it (files this old are far below them), and otherwise the caller
+/// reads the file again without statistics.
+///
 /// [the oldest cut]: from_stored
-fn before_cuts(file: &Source, cuts: &HashMap<String, i64>) -> Result<Option<SettledOffsets>> {
+fn before_cuts(
+    file: &Source,
+    cuts: &HashMap<String, i64>,
+    from_statistics: bool,
+) -> Result<Option<(SettledOffsets, bool)>> {
     const COLUMNS: [&str; 4] = ["lease_id", "kafka_topic", "kafka_partition", "kafka_offset"];
     // Partitions index a vector: a number past this is no Kafka partition
     // the reader expects, and is left to the row-by-row reading.
-    const PARTITIONS: i32 = 1 << 16;
+    const PARTITIONS: i64 = 1 << 16;
+    let ranges: Option<Vec<Vec<(i64, i64)>>> = match from_statistics {
+        true => file
+            .int_ranges(&COLUMNS[2..])?
+            .into_iter()
+            .map(|r| r.filter(|r| (0..PARTITIONS).contains(&r[0].0) && r[0].1 < PARTITIONS))
+            .collect(),
+        false => None,
+    };
+    let columns = match ranges {
+        Some(_) => &COLUMNS[..2],
+        None => &COLUMNS[..],
+    };
     let mut topic: Option<String> = None;
     let mut largest: Vec<i64> = Vec::new();
+    let mut raise = |p: usize, o: i64| {
+        if largest.len() <= p {
+            largest.resize(p + 1, i64::MIN);
+        }
+        largest[p] = largest[p].max(o);
+    };
     let mut checked: Option<arrow::array::ArrayRef> = None;
-    for batch in file.dictionary_reader(&COLUMNS, &DICTIONARY)? {
+    for batch in file.dictionary_reader(columns, &DICTIONARY)? {
         let batch = batch.map_err(LakeError::from)?;
         let column = |name: &str| {
             batch
@@ -292,10 +374,7 @@ fn before_cuts(file: &Source, cuts: &HashMap<String, i64>) -> Result<Option<Sett
         ) else {
             return Ok(None);
         };
-        let partition = column("kafka_partition")?.as_primitive::<Int32Type>();
-        let offset = column("kafka_offset")?.as_primitive::<Int64Type>();
-        if ids.null_count() + topics.null_count() + partition.null_count() + offset.null_count() > 0
-        {
+        if ids.null_count() + topics.null_count() > 0 {
             return Ok(None);
         }
         // A row group's batches share its dictionary: checked once.
@@ -316,28 +395,39 @@ fn before_cuts(file: &Source, cuts: &HashMap<String, i64>) -> Result<Option<Sett
         if topic.get_or_insert_with(|| name.to_string()) != name {
             return Ok(None);
         }
+        if ranges.is_some() {
+            continue;
+        }
+        let partition = column("kafka_partition")?.as_primitive::<Int32Type>();
+        let offset = column("kafka_offset")?.as_primitive::<Int64Type>();
+        if partition.null_count() + offset.null_count() > 0 {
+            return Ok(None);
+        }
         for (&p, &o) in partition.values().iter().zip(offset.values().iter()) {
-            if !(0..PARTITIONS).contains(&p) {
+            if !(0..PARTITIONS).contains(&i64::from(p)) {
                 return Ok(None);
             }
-            let p = p as usize;
-            if largest.len() <= p {
-                largest.resize(p + 1, i64::MIN);
-            }
-            largest[p] = largest[p].max(o);
+            raise(p as usize, o);
         }
     }
     let Some(topic) = topic else {
-        return Ok(Some(SettledOffsets::new()));
+        return Ok(Some((SettledOffsets::new(), false)));
     };
-    Ok(Some(
-        largest
-            .into_iter()
-            .enumerate()
-            .filter(|(_, o)| *o != i64::MIN)
-            .map(|(p, o)| ((topic.clone(), p as i32), o))
-            .collect(),
-    ))
+    let mut bound = false;
+    for r in ranges.iter().flatten() {
+        let ((first, last), (_, offset)) = (r[0], r[1]);
+        bound |= first != last;
+        for p in first..=last {
+            raise(p as usize, offset);
+        }
+    }
+    let found = largest
+        .into_iter()
+        .enumerate()
+        .filter(|(_, o)| *o != i64::MIN)
+        .map(|(p, o)| ((topic.clone(), p as i32), o))
+        .collect();
+    Ok(Some((found, bound)))
 }
 
 /// A `lease_events` file older than every cut, to decode a few columns
@@ -364,6 +454,13 @@ impl Source {
         std::fs::File::open(path).map_err(|e| {
             let named = format!("{}: {e}", path.display());
             LakeError::Io(std::io::Error::new(e.kind(), named)).into()
+        })
+    }
+
+    fn int_ranges(&self, columns: &[&str]) -> Result<parquet_io::IntRanges> {
+        Ok(match self {
+            Source::Local(p) => parquet_io::int_ranges(&Source::open(p)?, columns)?,
+            Source::Fetched(b) => parquet_io::int_ranges(b, columns)?,
         })
     }
 
@@ -535,25 +632,31 @@ mod tests {
             ("a", "t", 0, 9),
             ("c", "t", 2, 1),
         ]);
-        let mut found = before_cuts(&f, &cuts(&["a", "b", "c"])).unwrap().unwrap();
-        found.sort();
-        assert_eq!(
-            found,
-            [
-                (("t".to_string(), 0), 9),
-                (("t".to_string(), 1), 3),
-                (("t".to_string(), 2), 1)
-            ]
-        );
+        let leases = cuts(&["a", "b", "c"]);
+        let sorted = |(mut found, bound): (SettledOffsets, bool)| {
+            found.sort();
+            (found, bound)
+        };
+        let t = |p: i32, o: i64| (("t".to_string(), p), o);
+        let rows = before_cuts(&f, &leases, false).unwrap().unwrap();
+        assert_eq!(sorted(rows), (vec![t(0, 9), t(1, 3), t(2, 1)], false));
+        // From statistics, a row group of three partitions gives its largest
+        // offset to each, and says it is a bound.
+        let stats = before_cuts(&f, &leases, true).unwrap().unwrap();
+        assert_eq!(sorted(stats), (vec![t(0, 9), t(1, 9), t(2, 9)], true));
+        // Of one partition, the statistics are exact.
+        let f = file(&[("a", "t", 4, 7), ("b", "t", 4, 12), ("c", "t", 4, 2)]);
+        let stats = before_cuts(&f, &leases, true).unwrap().unwrap();
+        assert_eq!(stats, (vec![t(4, 12)], false));
     }
 
     #[test]
     fn a_lease_without_a_cut_or_a_second_topic_is_left_to_the_rows() {
-        let f = file(&[("a", "t", 0, 7), ("new", "t", 0, 8)]);
-        assert_eq!(before_cuts(&f, &cuts(&["a"])).unwrap(), None);
-        let f = file(&[("a", "t", 0, 7), ("a", "u", 0, 8)]);
-        assert_eq!(before_cuts(&f, &cuts(&["a"])).unwrap(), None);
-        let f = file(&[("a", "t", 0, 7), ("a", "", 0, 0)]);
-        assert_eq!(before_cuts(&f, &cuts(&["a"])).unwrap(), None);
+        for from_statistics in [false, true] {
+            let check = |f: &Source| before_cuts(f, &cuts(&["a"]), from_statistics).unwrap();
+            assert_eq!(check(&file(&[("a", "t", 0, 7), ("new", "t", 0, 8)])), None);
+            assert_eq!(check(&file(&[("a", "t", 0, 7), ("a", "u", 0, 8)])), None);
+            assert_eq!(check(&file(&[("a", "t", 0, 7), ("a", "", 0, 0)])), None);
+        }
     }
 }
