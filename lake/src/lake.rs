@@ -547,24 +547,30 @@ impl Lake {
         &self,
         files: &[&DataFile],
     ) -> Result<std::collections::HashMap<String, i64>> {
-        let mut cuts: std::collections::HashMap<String, i64> = Default::default();
-        let columns = ["lease_id", leaseline_schema::SETTLED_BEFORE];
-        for f in files
+        use futures::{StreamExt, TryStreamExt};
+        let paths: Vec<String> = files
             .iter()
             .filter(|f| Table::STORED_AUDIT.contains(&f.table))
-        {
-            let bytes = self.store.get(&f.path).await?;
-            for batch in parquet_io::column_reader(bytes, &columns)? {
-                let batch = batch?;
-                let (ids, cut) = ids_and_cuts(&batch, &f.path)?;
-                for i in 0..batch.num_rows() {
-                    // A lease's rows repeat its id: a key is allocated once.
-                    let (id, at) = (ids.value(i), cut.value(i));
-                    match cuts.get_mut(id) {
-                        Some(c) => *c = (*c).max(at),
-                        None => {
-                            cuts.insert(id.to_string(), at);
-                        }
+            .map(|f| f.path.clone())
+            .collect();
+        // Decoding takes a core per file: two at a time.
+        let mut each = futures::stream::iter(paths.into_iter().map(|path| {
+            let store = self.store.clone();
+            async move {
+                let bytes = store.get(&path).await?;
+                tokio::task::spawn_blocking(move || cuts_of(bytes, &path))
+                    .await
+                    .map_err(|e| LakeError::Io(std::io::Error::other(e)))?
+            }
+        }))
+        .buffer_unordered(2);
+        let mut cuts: std::collections::HashMap<String, i64> = Default::default();
+        while let Some(found) = each.try_next().await? {
+            for (id, at) in found {
+                match cuts.get_mut(&id) {
+                    Some(c) => *c = (*c).max(at),
+                    None => {
+                        cuts.insert(id, at);
                     }
                 }
             }
@@ -897,6 +903,49 @@ impl Lake {
 
 /// The lease ids and cuts (`settled_before`) of a batch of a stored
 /// audit table read from `path`.
+/// The largest cut of each lease in one stored audit file. A file's rows
+/// are sorted by lease: read as a dictionary, each batch's lease ids are
+/// looked up once each rather than once a row.
+fn cuts_of(bytes: bytes::Bytes, path: &str) -> Result<Vec<(String, i64)>> {
+    let columns = ["lease_id", leaseline_schema::SETTLED_BEFORE];
+    let mut found = Vec::new();
+    for batch in parquet_io::dictionary_reader(bytes, &columns, &columns[..1])? {
+        let batch = batch?;
+        let cut = batch
+            .column_by_name(leaseline_schema::SETTLED_BEFORE)
+            .ok_or_else(|| {
+                LakeError::Delta(format!(
+                    "{path} lacks lease_id or {}",
+                    leaseline_schema::SETTLED_BEFORE
+                ))
+            })?
+            .as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        let Some(ids) = batch
+            .column_by_name("lease_id")
+            .and_then(|c| c.as_dictionary_opt::<arrow::datatypes::Int32Type>())
+        else {
+            return Err(LakeError::Delta(format!(
+                "{path} lacks lease_id or {}",
+                leaseline_schema::SETTLED_BEFORE
+            )));
+        };
+        let names = ids.values().as_string::<i32>();
+        let mut largest = vec![i64::MIN; arrow::array::Array::len(names)];
+        for (key, at) in ids.keys().iter().zip(cut.values().iter()) {
+            if let Some(key) = key {
+                let l = &mut largest[key as usize];
+                *l = (*l).max(*at);
+            }
+        }
+        for (k, at) in largest.into_iter().enumerate() {
+            if at != i64::MIN {
+                found.push((names.value(k).to_string(), at));
+            }
+        }
+    }
+    Ok(found)
+}
+
 fn ids_and_cuts<'a>(
     batch: &'a RecordBatch,
     path: &str,

@@ -371,10 +371,7 @@ pub type IntRanges = Vec<Option<Vec<(i64, i64)>>>;
 /// integer column of `columns`, from the footer's statistics, so that no
 /// page is read. `None` for a row group where one is not recorded, or
 /// where the column holds a null.
-pub fn int_ranges<R: ChunkReader + 'static>(
-    file: &R,
-    columns: &[&str],
-) -> Result<IntRanges> {
+pub fn int_ranges<R: ChunkReader + 'static>(file: &R, columns: &[&str]) -> Result<IntRanges> {
     use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
     use parquet::file::statistics::Statistics;
     let meta = ArrowReaderMetadata::load(file, ArrowReaderOptions::new())?;

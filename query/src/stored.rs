@@ -108,6 +108,28 @@ pub(crate) async fn from_stored(
         .map(|f| (f.path.clone(), f.max_ts_us))
         .partition(|(_, max_ts)| *max_ts < oldest_cut);
     let files_before = before.len();
+    // The leases' context goes to the auditor beside the events, decoded
+    // on a thread of its own: most of it while the files before every cut
+    // are checked, when the auditor has nothing else to take.
+    let context = {
+        let (store, cuts, tx) = (lake.store().clone(), cuts.clone(), tx.clone());
+        let paths: Vec<String> = m
+            .files_of(Table::LeaseContext)
+            .map(|f| f.path.clone())
+            .collect();
+        tokio::spawn(async move {
+            for path in paths {
+                let bytes = store.get(&path).await?;
+                let (cuts, tx) = (cuts.clone(), tx.clone());
+                tokio::task::spawn_blocking(move || {
+                    current_context(bytes, &path, &cuts, oldest_cut, &tx)
+                })
+                .await
+                .map_err(joined)??;
+            }
+            Ok::<_, QueryError>(())
+        })
+    };
     let reader_cuts = cuts.clone();
     let reader = tokio::spawn(async move {
         // The writer's recorded position must be past these: of each file
@@ -163,34 +185,7 @@ pub(crate) async fn from_stored(
         }
     };
     let events_read = started.elapsed();
-    let mut context_columns: Vec<&str> = EventColumns::COLUMNS.to_vec();
-    context_columns.push(SETTLED_BEFORE);
-    // A lease's context rows carry its cut, which only moves forward: rows
-    // stored at a cut older than every lease's are superseded, and so are
-    // the files (one per store commit) that hold only such rows.
-    for f in m.files_of(Table::LeaseContext) {
-        let bytes = lake.store().get(&f.path).await?;
-        let batches =
-            parquet_io::column_reader_from(bytes, &context_columns, SETTLED_BEFORE, oldest_cut)?;
-        for batch in batches {
-            let batch = batch.map_err(LakeError::from)?;
-            let cut_of = batch
-                .column_by_name(SETTLED_BEFORE)
-                .ok_or_else(|| LakeError::Delta(format!("{} lacks {SETTLED_BEFORE}", f.path)))?
-                .as_primitive::<TimestampMicrosecondType>()
-                .clone();
-            let ids = batch
-                .column_by_name("lease_id")
-                .ok_or_else(|| LakeError::Delta(format!("{} lacks lease_id", f.path)))?
-                .as_string::<i32>();
-            // A lease's context at an earlier cut is superseded, and not
-            // decoded.
-            push(&mut auditor, &batch, |i| {
-                !ids.is_null(i) && cuts.get(ids.value(i)) == Some(&cut_of.value(i))
-            })?;
-        }
-    }
-    let context_read = started.elapsed();
+    context.await.map_err(joined)??;
     let mut settled = tail_settled.clone();
     for (_, found, _) in &found_before {
         merge_settled(&mut settled, found.clone());
@@ -245,8 +240,7 @@ pub(crate) async fn from_stored(
         before_every_cut_ms = (checked_at - started - cuts_read).as_millis(),
         cuts_ms = cuts_read.as_millis(),
         events_ms = (events_read - cuts_read).as_millis(),
-        context_ms = (context_read - events_read).as_millis(),
-        resume_ms = (resumed - context_read).as_millis(),
+        resume_ms = (resumed - events_read).as_millis(),
         derive_ms = (started.elapsed() - resumed).as_millis(),
         "the audit's tables are the stored audit rows and the events after them"
     );
@@ -260,6 +254,42 @@ pub(crate) async fn from_stored(
         violations: list(Table::LeaseViolations),
     }));
     Ok(Some(tables))
+}
+
+/// Sends the rows of a `lease_context` file stored at their lease's cut.
+/// A lease's context rows carry its cut, which only moves forward: rows
+/// stored at a cut older than every lease's are superseded, and so are the
+/// files (one per store commit) that hold only such rows.
+fn current_context(
+    bytes: bytes::Bytes,
+    path: &str,
+    cuts: &HashMap<String, i64>,
+    oldest_cut: i64,
+    tx: &tokio::sync::mpsc::Sender<RecordBatch>,
+) -> Result<()> {
+    let mut columns: Vec<&str> = EventColumns::COLUMNS.to_vec();
+    columns.push(SETTLED_BEFORE);
+    for batch in parquet_io::column_reader_from(bytes, &columns, SETTLED_BEFORE, oldest_cut)? {
+        let batch = batch.map_err(LakeError::from)?;
+        let cut_of = batch
+            .column_by_name(SETTLED_BEFORE)
+            .ok_or_else(|| LakeError::Delta(format!("{path} lacks {SETTLED_BEFORE}")))?
+            .as_primitive::<TimestampMicrosecondType>();
+        let ids = batch
+            .column_by_name("lease_id")
+            .ok_or_else(|| LakeError::Delta(format!("{path} lacks lease_id")))?
+            .as_string::<i32>();
+        let current: arrow::array::BooleanArray = (0..batch.num_rows())
+            .map(|i| Some(!ids.is_null(i) && cuts.get(ids.value(i)) == Some(&cut_of.value(i))))
+            .collect();
+        let batch =
+            arrow::compute::filter_record_batch(&batch, &current).map_err(LakeError::from)?;
+        if batch.num_rows() > 0 && tx.blocking_send(batch).is_err() {
+            // The auditor side failed, and says why.
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// The largest offset of each Kafka partition's rows before their lease's
