@@ -39,8 +39,8 @@
 //!   soon as the delete arrives, in a task that reads the watch ahead of
 //!   the loop that reports (which may be waiting on Kafka), since a
 //!   client's release is a delete followed at once by a revoke of its
-//!   session's lease: a lease still alive means the client deleted its key (`Unlock`,
-//!   `Resign`): `released`. A lease gone means it was revoked or ran out,
+//!   session's lease: a lease still alive means the client deleted its
+//!   key (`Unlock`, `Resign`): `released`. A lease gone means it was revoked or ran out,
 //!   which etcd does the same way (a lease revoke deleting its keys), so
 //!   the adapter tells them apart by the deadline it knows: gone more than
 //!   [`REVOKE_MARGIN_MS`] before that deadline is `revoked` (reason `lease
