@@ -196,6 +196,15 @@ fn serve(dir: &Path, broker: &Broker) -> Server {
     )
 }
 
+/// etcd, a broker with the `leases` topic, and `serve --ingest` on it.
+async fn services(dir: &Path) -> (Etcd, Broker, Server) {
+    let etcd = Etcd::start(dir);
+    let broker = Broker::start(dir);
+    broker.create_topic("leases", 1).await;
+    let server = serve(dir, &broker);
+    (etcd, broker, server)
+}
+
 fn csv(server: &Server, q: &str) -> String {
     server.sql(q, &["-H", "Accept: text/csv"]).text()
 }
@@ -230,10 +239,7 @@ async fn locks_and_elections_are_reported_once_through_kafka_across_restarts() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let etcd = Etcd::start(d);
-    let broker = Broker::start(d);
-    broker.create_topic("leases", 1).await;
-    let server = serve(d, &broker);
+    let (etcd, broker, server) = services(d).await;
     let state = d.join("watch-etcd.json");
 
     // A lock held before the watcher starts is found by its first scan.
@@ -683,10 +689,7 @@ async fn a_release_while_kafka_stalls_the_watcher_is_still_a_release() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let etcd = Etcd::start(d);
-    let broker = Broker::start(d);
-    broker.create_topic("leases", 1).await;
-    let server = serve(d, &broker);
+    let (etcd, broker, server) = services(d).await;
     let mut w = watch_etcd(&etcd, &broker, &d.join("watch-etcd.json"), d);
     wait_log(&mut w, "watching", 30);
 
