@@ -619,10 +619,20 @@ fn push(auditor: &mut Auditor, batch: &RecordBatch, wanted: impl Fn(usize) -> bo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leaseline_lake::{Change, KafkaRange};
     use leaseline_schema::{decode, EventBatchBuilder, Origin};
 
     /// A `lease_events` file of `(lease, topic, partition, offset)` rows.
     fn file(rows: &[(&str, &str, i32, i64)]) -> Source {
+        Source::Fetched(
+            parquet_io::encode(Table::LeaseEvents, &events(rows))
+                .unwrap()
+                .into(),
+        )
+    }
+
+    /// `lease_events` rows of `(lease, topic, partition, offset)`.
+    fn events(rows: &[(&str, &str, i32, i64)]) -> RecordBatch {
         let mut b = EventBatchBuilder::new();
         for (i, (lease, topic, partition, offset)) in rows.iter().enumerate() {
             let line = format!(
@@ -643,11 +653,7 @@ mod tests {
             };
             b.append(&ev, &origin, 0);
         }
-        Source::Fetched(
-            parquet_io::encode(Table::LeaseEvents, &b.finish())
-                .unwrap()
-                .into(),
-        )
+        b.finish()
     }
 
     fn cuts(leases: &[&str]) -> HashMap<String, i64> {
@@ -678,6 +684,76 @@ mod tests {
         let f = file(&[("a", "t", 4, 7), ("b", "t", 4, 12), ("c", "t", 4, 2)]);
         let stats = before_cuts(&f, &leases, true).unwrap().unwrap();
         assert_eq!(stats, (vec![t(4, 12)], false));
+    }
+
+    /// A lake of one `lease_events` file, one row group: lease `a` at
+    /// offsets 0 and 1000 of partition 0, `b` at 0 and 5 of partition 1;
+    /// then their grants stored with a cut after those events and the
+    /// positions 1001 and `next_of_1`.
+    async fn stored_lake(next_of_1: i64) -> (tempfile::TempDir, Lake, Manifest) {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+        let rows = events(&[
+            ("a", "t", 0, 0),
+            ("a", "t", 0, 1000),
+            ("b", "t", 1, 0),
+            ("b", "t", 1, 5),
+        ]);
+        let base = lake.latest().await.unwrap();
+        let append = Change::Append {
+            files: lake.write(Table::LeaseEvents, &rows).await.unwrap(),
+            kafka: vec![],
+            reject_kafka: vec![],
+        };
+        let m = lake.commit(&base, &append).await.unwrap();
+        // 2026-09-14T10:01:00Z, a minute after the events.
+        let cut = 1_789_380_060_000_000_i64;
+        let lines: String = ["a", "b"]
+            .iter()
+            .map(|lease| {
+                format!(
+                    r#"{{"lease_id":"{lease}","fencing_token":1,"holder_id":"h","acquired_at":1789380000000000,"end_kind":"released","renewals":0,"renew_failures":0,"writes_accepted":0,"stale_writes_rejected":0,"acquired_by":"coordinator","settled_before":{cut}}}"#
+                ) + "\n"
+            })
+            .collect();
+        let grants =
+            arrow::json::ReaderBuilder::new(leaseline_schema::STORED_TIMELINE_SCHEMA.clone())
+                .build(std::io::Cursor::new(lines))
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap();
+        let at = |partition: i32, next: i64| KafkaRange {
+            topic: "t".into(),
+            partition,
+            start: next,
+            end: next,
+        };
+        let settle = Change::Settle {
+            add: lake.write(Table::LeaseTimeline, &grants).await.unwrap(),
+            remove: vec![],
+            kafka: vec![at(0, 1001), at(1, next_of_1)],
+        };
+        let m = lake.commit(&m, &settle).await.unwrap();
+        (dir, lake, m)
+    }
+
+    #[tokio::test]
+    async fn a_bound_the_positions_are_not_past_is_read_again_row_by_row() {
+        // The row group's statistics bound partition 1 by offset 1000, which
+        // its position (6) is not past; its rows (up to 5) are.
+        let (_dir, lake, m) = stored_lake(6).await;
+        let tables = from_stored(&lake, &m, AuditConfig::default())
+            .await
+            .unwrap();
+        assert!(tables.is_some_and(|t| t.stored.is_some()));
+        // A position not past the rows either: the stored rows do not
+        // answer, and the caller audits every event.
+        let (_dir, lake, m) = stored_lake(5).await;
+        let tables = from_stored(&lake, &m, AuditConfig::default())
+            .await
+            .unwrap();
+        assert!(tables.is_none());
     }
 
     #[test]
