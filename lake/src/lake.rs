@@ -901,8 +901,6 @@ impl Lake {
     }
 }
 
-/// The lease ids and cuts (`settled_before`) of a batch of a stored
-/// audit table read from `path`.
 /// The largest cut of each lease in one stored audit file. A file's rows
 /// are sorted by lease: read as a dictionary, each batch's lease ids are
 /// looked up once each rather than once a row.
@@ -911,24 +909,15 @@ fn cuts_of(bytes: bytes::Bytes, path: &str) -> Result<Vec<(String, i64)>> {
     let mut found = Vec::new();
     for batch in parquet_io::dictionary_reader(bytes, &columns, &columns[..1])? {
         let batch = batch?;
-        let cut = batch
-            .column_by_name(leaseline_schema::SETTLED_BEFORE)
-            .ok_or_else(|| {
-                LakeError::Delta(format!(
-                    "{path} lacks lease_id or {}",
-                    leaseline_schema::SETTLED_BEFORE
-                ))
-            })?
-            .as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
-        let Some(ids) = batch
-            .column_by_name("lease_id")
-            .and_then(|c| c.as_dictionary_opt::<arrow::datatypes::Int32Type>())
-        else {
-            return Err(LakeError::Delta(format!(
-                "{path} lacks lease_id or {}",
-                leaseline_schema::SETTLED_BEFORE
-            )));
+        let (Some(ids), Some(cut)) = (
+            batch
+                .column_by_name("lease_id")
+                .and_then(|c| c.as_dictionary_opt::<arrow::datatypes::Int32Type>()),
+            batch.column_by_name(leaseline_schema::SETTLED_BEFORE),
+        ) else {
+            return Err(lacks_cut_columns(path));
         };
+        let cut = cut.as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
         let names = ids.values().as_string::<i32>();
         let mut largest = vec![i64::MIN; arrow::array::Array::len(names)];
         for (key, at) in ids.keys().iter().zip(cut.values().iter()) {
@@ -946,6 +935,8 @@ fn cuts_of(bytes: bytes::Bytes, path: &str) -> Result<Vec<(String, i64)>> {
     Ok(found)
 }
 
+/// The lease ids and cuts (`settled_before`) of a batch of a stored
+/// audit table read from `path`.
 fn ids_and_cuts<'a>(
     batch: &'a RecordBatch,
     path: &str,
@@ -957,13 +948,17 @@ fn ids_and_cuts<'a>(
         batch.column_by_name("lease_id"),
         batch.column_by_name(leaseline_schema::SETTLED_BEFORE),
     ) else {
-        return Err(LakeError::Delta(format!(
-            "{path} lacks lease_id or {}",
-            leaseline_schema::SETTLED_BEFORE
-        )));
+        return Err(lacks_cut_columns(path));
     };
     Ok((
         ids.as_string::<i32>(),
         cut.as_primitive::<arrow::datatypes::TimestampMicrosecondType>(),
+    ))
+}
+
+fn lacks_cut_columns(path: &str) -> LakeError {
+    LakeError::Delta(format!(
+        "{path} lacks lease_id or {}",
+        leaseline_schema::SETTLED_BEFORE
     ))
 }

@@ -11,7 +11,10 @@ use leaseline_schema::{
     ALERTS_SCHEMA, EVENTS_SCHEMA, REJECTS_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY,
     STORED_CONTEXT_SCHEMA, STORED_TIMELINE_SCHEMA, STORED_VIOLATIONS_SCHEMA,
 };
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
@@ -339,9 +342,27 @@ pub fn dictionary_reader<R: ChunkReader + 'static>(
     columns: &[&str],
     dictionary: &[&str],
 ) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
+    let meta = footer(&file)?;
+    dictionary_reader_with(file, &meta, columns, dictionary)
+}
+
+/// A Parquet file's footer, read once.
+pub type Footer = ArrowReaderMetadata;
+
+/// The footer of `file`, for a caller that reads its statistics
+/// ([`int_ranges`]) before its rows ([`dictionary_reader_with`]).
+pub fn footer<R: ChunkReader + 'static>(file: &R) -> Result<Footer> {
+    Ok(ArrowReaderMetadata::load(file, ArrowReaderOptions::new())?)
+}
+
+/// [`dictionary_reader`] of a file whose footer was read already.
+pub fn dictionary_reader_with<R: ChunkReader + 'static>(
+    file: R,
+    meta: &Footer,
+    columns: &[&str],
+    dictionary: &[&str],
+) -> Result<impl Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send> {
     use arrow::datatypes::{Field, Schema};
-    use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
-    let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())?;
     let fields: Vec<Field> = meta
         .schema()
         .fields()
@@ -367,16 +388,13 @@ pub fn dictionary_reader<R: ChunkReader + 'static>(
 /// [`int_ranges`].
 pub type IntRanges = Vec<Option<Vec<(i64, i64)>>>;
 
-/// Of each row group of `file`, the least and the largest value of each
-/// integer column of `columns`, from the footer's statistics, so that no
-/// page is read. `None` for a row group where one is not recorded, or
-/// where the column holds a null.
-pub fn int_ranges<R: ChunkReader + 'static>(file: &R, columns: &[&str]) -> Result<IntRanges> {
-    use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+/// Of each row group of a file (its [`footer`]), the least and the
+/// largest value of each integer column of `columns`, from the
+/// statistics, so that no page is read. `None` for a row group where one
+/// is not recorded, or where the column holds a null.
+pub fn int_ranges(meta: &Footer, columns: &[&str]) -> IntRanges {
     use parquet::file::statistics::Statistics;
-    let meta = ArrowReaderMetadata::load(file, ArrowReaderOptions::new())?;
-    let ranges = meta
-        .metadata()
+    meta.metadata()
         .row_groups()
         .iter()
         .map(|rg| {
@@ -401,8 +419,7 @@ pub fn int_ranges<R: ChunkReader + 'static>(file: &R, columns: &[&str]) -> Resul
                 })
                 .collect()
         })
-        .collect();
-    Ok(ranges)
+        .collect()
 }
 
 /// [`column_reader`] of the rows whose index is true in `keep` (one entry

@@ -194,25 +194,10 @@ pub(crate) async fn from_stored(
     // Offsets from statistics are upper bounds, which may not show what the
     // rows themselves would: those files are read again, row by row.
     if accounted == Some(false) && found_before.iter().any(|(_, _, bound)| *bound) {
-        settled = tail_settled;
-        for (path, found, bound) in found_before {
-            let found = match bound {
-                false => found,
-                true => {
-                    let (store, cuts) = (lake.store().clone(), cuts.clone());
-                    let file = Source::of(&store, &path).await?;
-                    let exact =
-                        tokio::task::spawn_blocking(move || before_cuts(&file, &cuts, false))
-                            .await
-                            .map_err(joined)??;
-                    match exact {
-                        Some((found, _)) => found,
-                        None => return Ok(None),
-                    }
-                }
-            };
-            merge_settled(&mut settled, found);
-        }
+        let Some(exact) = exact_offsets(lake, &cuts, found_before, tail_settled).await? else {
+            return Ok(None);
+        };
+        settled = exact;
         accounted = accounted_for(lake, m, &settled).await?;
     }
     match accounted {
@@ -296,6 +281,34 @@ fn current_context(
 /// cut, by `(topic, partition)`; partitions are few.
 type SettledOffsets = Vec<((String, i32), i64)>;
 
+/// The offsets of the files before every cut read row by row where
+/// `found` holds a bound from statistics, merged with `tail`'s; `None`
+/// when such a file holds a row no stored row can account for.
+async fn exact_offsets(
+    lake: &Lake,
+    cuts: &Arc<HashMap<String, i64>>,
+    found: Vec<(String, SettledOffsets, bool)>,
+    mut settled: SettledOffsets,
+) -> Result<Option<SettledOffsets>> {
+    for (path, offsets, bound) in found {
+        let offsets = match bound {
+            false => offsets,
+            true => {
+                let (file, cuts) = (Source::of(lake.store(), &path).await?, cuts.clone());
+                let exact = tokio::task::spawn_blocking(move || before_cuts(&file, &cuts, false))
+                    .await
+                    .map_err(joined)??;
+                match exact {
+                    Some((offsets, _)) => offsets,
+                    None => return Ok(None),
+                }
+            }
+        };
+        merge_settled(&mut settled, offsets);
+    }
+    Ok(Some(settled))
+}
+
 /// Whether the positions recorded with `m`'s stored rows are past every
 /// offset of `settled`; `None` when the stored tables moved on while read.
 async fn accounted_for(
@@ -370,9 +383,9 @@ fn before_cuts(
     // Partitions index a vector: a number past this is no Kafka partition
     // the reader expects, and is left to the row-by-row reading.
     const PARTITIONS: i64 = 1 << 16;
+    let footer = file.footer()?;
     let ranges: Option<Vec<Vec<(i64, i64)>>> = match from_statistics {
-        true => file
-            .int_ranges(&COLUMNS[2..])?
+        true => parquet_io::int_ranges(&footer, &COLUMNS[2..])
             .into_iter()
             .map(|r| r.filter(|r| (0..PARTITIONS).contains(&r[0].0) && r[0].1 < PARTITIONS))
             .collect(),
@@ -391,7 +404,7 @@ fn before_cuts(
         largest[p] = largest[p].max(o);
     };
     let mut checked: Option<arrow::array::ArrayRef> = None;
-    for batch in file.dictionary_reader(columns, &DICTIONARY)? {
+    for batch in file.dictionary_reader(&footer, columns, &DICTIONARY)? {
         let batch = batch.map_err(LakeError::from)?;
         let column = |name: &str| {
             batch
@@ -487,22 +500,29 @@ impl Source {
         })
     }
 
-    fn int_ranges(&self, columns: &[&str]) -> Result<parquet_io::IntRanges> {
+    fn footer(&self) -> Result<parquet_io::Footer> {
         Ok(match self {
-            Source::Local(p) => parquet_io::int_ranges(&Source::open(p)?, columns)?,
-            Source::Fetched(b) => parquet_io::int_ranges(b, columns)?,
+            Source::Local(p) => parquet_io::footer(&Source::open(p)?)?,
+            Source::Fetched(b) => parquet_io::footer(b)?,
         })
     }
 
-    fn dictionary_reader(&self, columns: &[&str], dictionary: &[&str]) -> Result<Batches> {
+    fn dictionary_reader(
+        &self,
+        footer: &parquet_io::Footer,
+        columns: &[&str],
+        dictionary: &[&str],
+    ) -> Result<Batches> {
         Ok(match self {
-            Source::Local(p) => Box::new(parquet_io::dictionary_reader(
+            Source::Local(p) => Box::new(parquet_io::dictionary_reader_with(
                 Source::open(p)?,
+                footer,
                 columns,
                 dictionary,
             )?),
-            Source::Fetched(b) => Box::new(parquet_io::dictionary_reader(
+            Source::Fetched(b) => Box::new(parquet_io::dictionary_reader_with(
                 b.clone(),
+                footer,
                 columns,
                 dictionary,
             )?),

@@ -155,6 +155,21 @@ fn backend_error(what: &str) -> impl Fn(etcd_client::Error) -> WatchError + '_ {
     move |e| WatchError::Backend(format!("{what}: {e}"))
 }
 
+/// The TTL left of a lease in seconds, `-1` when it is gone.
+async fn lease_ttl(
+    c: &mut etcd_client::LeaseClient,
+    timeout: Duration,
+    lease: i64,
+) -> Result<i64, WatchError> {
+    Ok(timed(
+        timeout,
+        "reading a lease's TTL",
+        c.time_to_live(lease, None),
+    )
+    .await?
+    .ttl())
+}
+
 /// A call with the configured timeout.
 async fn timed<T>(
     timeout: Duration,
@@ -456,8 +471,6 @@ impl Backend for Etcd {
             deadlines: std::mem::take(&mut self.deadlines),
             pending: VecDeque::new(),
             inbox: None,
-            alive: HashMap::new(),
-            arrived_ms: None,
             at,
             pending_at: at,
             handed: None,
@@ -472,8 +485,9 @@ struct Received {
     resp: WatchResponse,
     alive: HashMap<i64, bool>,
     /// When it arrived: a lease found gone is told revoked or expired by
-    /// this time, not by when the loop got to it.
-    arrived_ms: i64,
+    /// this time, not by when the loop got to it. `None` once a lease was
+    /// read later ([`EtcdSession::handle_inbox`]).
+    arrived_ms: Option<i64>,
 }
 
 /// Responses the reader may hold ahead of the changes handed out.
@@ -523,17 +537,10 @@ fn spawn_reader(
                     .map(|kv| kv.lease())
                     .filter(|l| *l != 0)
                     .collect();
-                let arrived_ms = now_ms();
+                let arrived_ms = Some(now_ms());
                 let mut alive = HashMap::new();
                 for lease in deleted {
-                    let ttl = timed(
-                        timeout,
-                        "reading a lease's TTL",
-                        leases.time_to_live(lease, None),
-                    )
-                    .await?
-                    .ttl();
-                    alive.insert(lease, ttl >= 0);
+                    alive.insert(lease, lease_ttl(&mut leases, timeout, lease).await? >= 0);
                 }
                 Ok(Received {
                     resp,
@@ -570,12 +577,7 @@ pub struct EtcdSession {
     pending: VecDeque<Change>,
     /// A response received and not yet handled: kept here so that a
     /// cancelled [`Session::next_change`] loses nothing.
-    inbox: Option<WatchResponse>,
-    /// Lease states read for the response in the inbox: when it arrived
-    /// for the keys it deletes, others when it is handled.
-    alive: HashMap<i64, bool>,
-    /// When the response in the inbox arrived.
-    arrived_ms: Option<i64>,
+    inbox: Option<Received>,
     /// The revision every change up to which was handed out.
     at: i64,
     /// The revision of the response being handed out.
@@ -599,9 +601,7 @@ impl Session for EtcdSession {
                 tokio::select! {
                     r = self.received.recv() => {
                         let r = r.ok_or_else(|| WatchError::Backend("the watch reader stopped".into()))??;
-                        self.alive = r.alive;
-                        self.arrived_ms = Some(r.arrived_ms);
-                        self.inbox = Some(r.resp);
+                        self.inbox = Some(r);
                     }
                     _ = self.poll.tick() => {
                         self.poll_leases().await?;
@@ -693,22 +693,15 @@ impl EtcdSession {
         ))
     }
 
-    /// The TTL left of a lease in seconds, `-1` when it is gone.
+    /// [`lease_ttl`] on this session's client.
     async fn ttl(&mut self, lease: i64) -> Result<i64, WatchError> {
-        let mut c = self.client.lease_client();
-        Ok(timed(
-            self.timeout,
-            "reading a lease's TTL",
-            c.time_to_live(lease, None),
-        )
-        .await?
-        .ttl())
+        lease_ttl(&mut self.client.lease_client(), self.timeout, lease).await
     }
 
     /// Turns the response in the inbox into one change per lock it
     /// touched, with how a deleted owner ended.
     async fn handle_inbox(&mut self) -> Result<(), WatchError> {
-        let Some(resp) = &self.inbox else {
+        let Some(Received { resp, .. }) = &self.inbox else {
             return Ok(());
         };
         // Leases of deleted keys the reader could not read (a delete
@@ -724,17 +717,28 @@ impl EtcdSession {
             .map(|e| e.lease)
             .collect();
         for lease in leases {
-            if !self.alive.contains_key(&lease) {
+            if self
+                .inbox
+                .as_ref()
+                .is_some_and(|r| !r.alive.contains_key(&lease))
+            {
                 let alive = self.ttl(lease).await? >= 0;
-                self.alive.insert(lease, alive);
-                // Read now, so judged by now.
-                self.arrived_ms = None;
+                if let Some(r) = &mut self.inbox {
+                    r.alive.insert(lease, alive);
+                    // Read now, so judged by now.
+                    r.arrived_ms = None;
+                }
             }
         }
-        let now = self.arrived_ms.take().unwrap_or_else(now_ms);
-        let Some(resp) = self.inbox.take() else {
+        let Some(Received {
+            resp,
+            alive,
+            arrived_ms,
+        }) = self.inbox.take()
+        else {
             return Ok(());
         };
+        let now = arrived_ms.unwrap_or_else(now_ms);
         let mut touched: Vec<String> = Vec::new();
         let mut owners: HashMap<String, Option<(i64, i64)>> = HashMap::new();
         let mut last_rev = self.at;
@@ -771,7 +775,7 @@ impl EtcdSession {
                         .get(&id)
                         .is_some_and(|m| m.contains_key(&rev)) =>
                 {
-                    let alive = self.alive.get(&lease).copied().unwrap_or(false);
+                    let alive = alive.get(&lease).copied().unwrap_or(false);
                     let deadline = self.deadlines.get(&rev).copied().unwrap_or(now);
                     self.deadlines.remove(&rev);
                     ended_by(alive, now, deadline)
@@ -780,7 +784,6 @@ impl EtcdSession {
             };
             self.pending.push_back(Change { lease_id: id, end });
         }
-        self.alive.clear();
         self.pending_at = last_rev;
         if self.pending.is_empty() {
             self.at = last_rev;
