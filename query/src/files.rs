@@ -85,7 +85,10 @@ impl TableProvider for ManifestFiles {
         _filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let format = ParquetFormat::default();
+        // The session's Parquet options, filter pushdown among them (see
+        // `Engine::empty_session`); the format's own defaults would leave
+        // it off whatever the session says.
+        let format = ParquetFormat::default().with_options(state.default_table_options().parquet);
         // Round robin over as many groups as the session reads in
         // parallel; no row statistics are declared, so that `count(*)`
         // opens every file too, and a missing one fails it.

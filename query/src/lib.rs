@@ -441,6 +441,14 @@ impl QueryEngine {
         // side is hashed and buffered between the two partitions. One
         // hash table holds no more than its partitions together.
         config.options_mut().optimizer.repartition_joins = false;
+        // Filters are applied while Parquet is decoded ("late
+        // materialization"): the columns of a row are decoded only once the
+        // filter's own columns pass it. The incident queries pick a kind of
+        // event, one lease or a violation's event ids out of all history,
+        // and without this decoded every projected column of every row
+        // before filtering. The cheaper filters run first.
+        config.options_mut().execution.parquet.pushdown_filters = true;
+        config.options_mut().execution.parquet.reorder_filters = true;
         // A runtime per session, so the memory limit is per query, drawing
         // on the process's pool. Spilling is off: a read-only service
         // writes no temporary files, and a query over its budget fails
