@@ -14,7 +14,9 @@
 #                 which the script checks
 # Environment: LEASELINE_BENCH_POOL (--query-memory-pool-bytes, default
 # 1GiB), LEASELINE_BENCH_OUT (results JSON, default target/bench-load.json),
-# LEASELINE_BENCH_PNG (default docs/load-test.png).
+# LEASELINE_BENCH_PNG (default docs/load-test.png), LEASELINE_BENCH_BIN (the
+# leaseline binary serve runs, default the release build made here: set it
+# to compare two builds on the same machine, one run after the other).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-300}
@@ -25,6 +27,7 @@ out=${LEASELINE_BENCH_OUT:-target/bench-load.json}
 png=${LEASELINE_BENCH_PNG:-docs/load-test.png}
 . scripts/bench-broker.sh
 bench_prepare "psycopg=psycopg[binary]" matplotlib
+bin=${LEASELINE_BENCH_BIN:-$bin}
 trap 'kill ${tansu_pid:-} 2>/dev/null; rm -rf "$work"' EXIT
 start_broker
 
@@ -48,7 +51,8 @@ now=$(python3 -c 'import json,sys,datetime as d; t=json.load(open(sys.argv[1]))[
 rm -f "$work/fleet.ndjson"
 
 mkdir -p "$(dirname "$out")" "$(dirname "$png")"
-label="$(date -u +%Y-%m-%d) $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores ($(lscpu | sed -n 's/^Model name: *//p' | head -1)); \
+code=${LEASELINE_BENCH_BIN:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
+label="$(date -u +%Y-%m-%d) $code, $(nproc) cores ($(lscpu | sed -n 's/^Model name: *//p' | head -1)); \
 ${seconds} s per phase, ${produced} events in the topic, --query-memory-pool-bytes $pool"
 python3 scripts/bench_load.py --bin "$bin" --brokers "127.0.0.1:$port" --topic load-leases \
   --topic-events "$produced" --duration "$seconds" --work "$work" --lease "$lease" --now "$now" \
