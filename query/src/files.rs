@@ -86,7 +86,7 @@ impl TableProvider for ManifestFiles {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         // The session's Parquet options, filter pushdown among them (see
-        // `Engine::empty_session`); the format's own defaults would leave
+        // `QueryEngine::empty_session`); the format's own defaults would leave
         // it off whatever the session says.
         let format = ParquetFormat::default().with_options(state.default_table_options().parquet);
         // Round robin over as many groups as the session reads in

@@ -446,7 +446,10 @@ impl QueryEngine {
         // filter's own columns pass it. The incident queries pick a kind of
         // event, one lease or a violation's event ids out of all history,
         // and without this decoded every projected column of every row
-        // before filtering. The cheaper filters run first.
+        // before filtering. The cheaper filters run first. A filter that
+        // keeps many rows spread over every row group costs more so (the
+        // keepalives, a third of all events: twice the time); the incident
+        // queries together take about four fifths of it (BENCHMARKS.md).
         config.options_mut().execution.parquet.pushdown_filters = true;
         config.options_mut().execution.parquet.reorder_filters = true;
         // A runtime per session, so the memory limit is per query, drawing
