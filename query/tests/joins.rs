@@ -6,8 +6,7 @@
 
 mod common;
 
-use arrow::array::AsArray;
-use common::append;
+use common::{append, strings};
 use leaseline_lake::Lake;
 use leaseline_query::QueryEngine;
 
@@ -34,33 +33,14 @@ async fn a_join_on_event_ids_reads_only_the_row_groups_that_hold_them() {
     let join =
         "SELECT e.holder_id FROM (VALUES ('c9')) AS v(id) JOIN lease_events e ON e.event_id = v.id";
     let rows = engine.sql(join).await.unwrap();
-    let holders: Vec<String> = rows
-        .iter()
-        .flat_map(|b| {
-            let c = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Utf8).unwrap();
-            c.as_string::<i32>()
-                .iter()
-                .map(|s| s.unwrap().to_owned())
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let holders = strings(&rows, 0);
     assert_eq!(holders, vec!["c"]);
 
     let explained = engine
         .sql(&format!("EXPLAIN ANALYZE {join}"))
         .await
         .unwrap();
-    let plan: String = explained
-        .iter()
-        .flat_map(|b| {
-            b.column(1)
-                .as_string::<i32>()
-                .iter()
-                .map(|s| s.unwrap_or_default().to_owned())
-                .collect::<Vec<_>>()
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
+    let plan = strings(&explained, 1).join("\n");
     let scan = plan
         .lines()
         .find(|l| l.contains("file_type=parquet"))

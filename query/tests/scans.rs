@@ -6,8 +6,7 @@
 
 mod common;
 
-use arrow::array::AsArray;
-use common::append;
+use common::{append, strings};
 use leaseline_lake::Lake;
 use leaseline_query::QueryEngine;
 
@@ -17,20 +16,6 @@ fn acquired(n: u32) -> String {
         n % 60,
         n + 1
     )
-}
-
-fn strings(batches: &[arrow::array::RecordBatch], column: usize) -> Vec<String> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            let c =
-                arrow::compute::cast(b.column(column), &arrow::datatypes::DataType::Utf8).unwrap();
-            c.as_string::<i32>()
-                .iter()
-                .map(|s| s.unwrap_or_default().to_owned())
-                .collect::<Vec<_>>()
-        })
-        .collect()
 }
 
 #[tokio::test]

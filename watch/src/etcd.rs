@@ -72,7 +72,7 @@
 //! before the adapter first reads it (it began and ended while the
 //! watcher was down) is reported with a TTL of 1 ms.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
@@ -693,7 +693,7 @@ impl EtcdSession {
         ))
     }
 
-    /// [`lease_ttl`] on this session's client.
+    /// [`lease_ttl`] on the client the watcher holds.
     async fn ttl(&mut self, lease: i64) -> Result<i64, WatchError> {
         lease_ttl(&mut self.client.lease_client(), self.timeout, lease).await
     }
@@ -701,13 +701,13 @@ impl EtcdSession {
     /// Turns the response in the inbox into one change per lock it
     /// touched, with how a deleted owner ended.
     async fn handle_inbox(&mut self) -> Result<(), WatchError> {
-        let Some(Received { resp, .. }) = &self.inbox else {
+        let Some(Received { resp, alive, .. }) = &self.inbox else {
             return Ok(());
         };
         // Leases of deleted keys the reader could not read (a delete
         // without its previous value), read before the model moves on:
         // each read is kept, so a cancelled call starts where it stopped.
-        let leases: Vec<i64> = resp
+        let unread: HashSet<i64> = resp
             .events()
             .iter()
             .filter(|e| e.event_type() == EventType::Delete)
@@ -715,19 +715,14 @@ impl EtcdSession {
             .filter_map(|kv| self.model.keys.get(kv.key()))
             .filter_map(|(name, rev)| self.model.locks.get(name)?.get(rev))
             .map(|e| e.lease)
+            .filter(|lease| !alive.contains_key(lease))
             .collect();
-        for lease in leases {
-            if self
-                .inbox
-                .as_ref()
-                .is_some_and(|r| !r.alive.contains_key(&lease))
-            {
-                let alive = self.ttl(lease).await? >= 0;
-                if let Some(r) = &mut self.inbox {
-                    r.alive.insert(lease, alive);
-                    // Read now, so judged by now.
-                    r.arrived_ms = None;
-                }
+        for lease in unread {
+            let alive = self.ttl(lease).await? >= 0;
+            if let Some(r) = &mut self.inbox {
+                r.alive.insert(lease, alive);
+                // Read now, so judged by now.
+                r.arrived_ms = None;
             }
         }
         let Some(Received {

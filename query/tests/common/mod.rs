@@ -24,3 +24,19 @@ pub async fn append<S: AsRef<str>>(lake: &Lake, lines: &[S]) -> Manifest {
     lake.commit(&base, &change).await.unwrap();
     lake.latest().await.unwrap()
 }
+
+/// One column of `batches` as text (cast to UTF-8), row by row.
+#[allow(dead_code)] // not every test that includes this file reads text
+pub fn strings(batches: &[arrow::array::RecordBatch], column: usize) -> Vec<String> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c =
+                arrow::compute::cast(b.column(column), &arrow::datatypes::DataType::Utf8).unwrap();
+            arrow::array::AsArray::as_string::<i32>(&c)
+                .iter()
+                .map(|s| s.unwrap_or_default().to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
