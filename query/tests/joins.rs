@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{append, strings};
+use common::{analyzed_scan, append, strings};
 use leaseline_lake::Lake;
 use leaseline_query::QueryEngine;
 
@@ -36,15 +36,7 @@ async fn a_join_on_event_ids_reads_only_the_row_groups_that_hold_them() {
     let holders = strings(&rows, 0);
     assert_eq!(holders, vec!["c"]);
 
-    let explained = engine
-        .sql(&format!("EXPLAIN ANALYZE {join}"))
-        .await
-        .unwrap();
-    let plan = strings(&explained, 1).join("\n");
-    let scan = plan
-        .lines()
-        .find(|l| l.contains("file_type=parquet"))
-        .unwrap_or_else(|| panic!("no parquet scan in\n{plan}"));
+    let (plan, scan) = analyzed_scan(&engine, join).await;
     assert!(
         scan.contains("output_rows=1,"),
         "the scan read one row, not the three of both files:\n{scan}"

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{append, strings};
+use common::{analyzed_scan, append, strings};
 use leaseline_lake::Lake;
 use leaseline_query::QueryEngine;
 
@@ -32,15 +32,7 @@ async fn a_filter_is_applied_while_decoding_and_the_rows_it_rejects_are_not_deco
     assert_eq!(strings(&rows, 0), vec!["e7"]);
     assert_eq!(strings(&rows, 1), vec!["L7"]);
 
-    let explained = engine
-        .sql(&format!("EXPLAIN ANALYZE {query}"))
-        .await
-        .unwrap();
-    let plan = strings(&explained, 1).join("\n");
-    let scan = plan
-        .lines()
-        .find(|l| l.contains("file_type=parquet"))
-        .unwrap_or_else(|| panic!("no parquet scan in\n{plan}"));
+    let (_, scan) = analyzed_scan(&engine, query).await;
     assert!(
         scan.contains("pushdown_rows_pruned=49") && scan.contains("pushdown_rows_matched=1"),
         "the filter kept 1 row of 50 while decoding:\n{scan}"

@@ -40,3 +40,20 @@ pub fn strings(batches: &[arrow::array::RecordBatch], column: usize) -> Vec<Stri
         })
         .collect()
 }
+
+/// The plan of `EXPLAIN ANALYZE query`, and its Parquet scan's line (its
+/// metrics with it).
+#[allow(dead_code)] // not every test that includes this file reads plans
+pub async fn analyzed_scan(engine: &leaseline_query::QueryEngine, query: &str) -> (String, String) {
+    let explained = engine
+        .sql(&format!("EXPLAIN ANALYZE {query}"))
+        .await
+        .unwrap();
+    let plan = strings(&explained, 1).join("\n");
+    let scan = plan
+        .lines()
+        .find(|l| l.contains("file_type=parquet"))
+        .unwrap_or_else(|| panic!("no parquet scan in\n{plan}"))
+        .to_owned();
+    (plan, scan)
+}
