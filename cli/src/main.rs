@@ -340,7 +340,8 @@ struct QueryArgs {
     /// Queries running at once; the rest wait in line.
     #[arg(long, env = "LEASELINE_QUERY_MAX_CONCURRENT")]
     query_max_concurrent: Option<usize>,
-    /// How long a query waits in line before it is refused as busy.
+    /// How long a query waits in line before it is refused as busy
+    /// (default: the query timeout).
     #[arg(long, env = "LEASELINE_QUERY_QUEUE_TIMEOUT", value_parser = humantime::parse_duration)]
     query_queue_timeout: Option<Duration>,
     /// Scheduling priority of the query threads, as a nice value (0-19).
@@ -363,7 +364,7 @@ impl QueryArgs {
             cfg.query.max_concurrent = v;
         }
         if let Some(v) = self.query_queue_timeout {
-            cfg.query.queue_timeout = v;
+            cfg.query.queue_timeout = Some(v);
         }
         if let Some(v) = self.query_nice {
             cfg.query.nice = v;

@@ -327,17 +327,18 @@ impl QueryEngine {
 
     /// A place to run one query: at most [`QueryLimits::max_concurrent`]
     /// hold one at once; the others wait up to
-    /// [`QueryLimits::queue_timeout`], then are refused as busy. A flood of
+    /// [`QueryLimits::queue_wait`], then are refused as busy. A flood of
     /// queries then slows into a queue instead of splitting the memory
     /// and cores until every one of them fails.
     pub async fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
         let wait = self.admission.clone().acquire_owned();
-        match tokio::time::timeout(self.limits.queue_timeout, wait).await {
+        let waited = self.limits.queue_wait();
+        match tokio::time::timeout(waited, wait).await {
             Ok(Ok(permit)) => Ok(permit),
             // The semaphore is never closed.
             Ok(Err(_)) | Err(_) => Err(QueryError::Busy {
                 running: self.limits.max_concurrent,
-                waited: self.limits.queue_timeout,
+                waited,
             }),
         }
     }
