@@ -527,8 +527,9 @@ fn a_join_that_makes_rows_faster_than_it_reads_stops_at_its_timeout() {
         server.proc.logs()
     );
     // The query threads yield the cores to the rest of the process
-    // (`query.nice`, default 10): each runs at nice 10, the serving
-    // runtime's threads at the process's own.
+    // (`query.sched_idle`, default true, and `query.nice`, default 10):
+    // each is idle-class at nice 10, the serving runtime's threads are of
+    // the normal class at the process's own nice value.
     let pid = server.proc.child.id();
     let mut niced = 0;
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
@@ -538,13 +539,16 @@ fn a_join_that_makes_rows_faster_than_it_reads_stops_at_its_timeout() {
         let Some((_, fields)) = stat.rsplit_once(')') else {
             continue;
         };
-        // Field 19 of stat, the 17th after the command name.
-        let nice: i32 = fields.split_whitespace().nth(16).unwrap().parse().unwrap();
+        // Fields 19 (nice) and 41 (policy) of stat, the 17th and 39th
+        // after the command name.
+        let fields: Vec<&str> = fields.split_whitespace().collect();
+        let nice: i32 = fields[16].parse().unwrap();
+        let policy: i32 = fields[38].parse().unwrap();
         if name.trim() == "leaseline-query" {
-            assert_eq!(nice, 10, "{}", task.display());
+            assert_eq!((nice, policy), (10, libc::SCHED_IDLE), "{}", task.display());
             niced += 1;
         } else if name.trim() == "tokio-rt-worker" {
-            assert_eq!(nice, 0, "{}", task.display());
+            assert_eq!((nice, policy), (0, libc::SCHED_OTHER), "{}", task.display());
         }
     }
     assert!(niced >= 1, "no query thread found");

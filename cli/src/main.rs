@@ -344,6 +344,10 @@ struct QueryArgs {
     /// (default: the query timeout).
     #[arg(long, env = "LEASELINE_QUERY_QUEUE_TIMEOUT", value_parser = humantime::parse_duration)]
     query_queue_timeout: Option<Duration>,
+    /// Whether query threads run only on the time the rest of the process
+    /// leaves (Linux SCHED_IDLE).
+    #[arg(long, env = "LEASELINE_QUERY_SCHED_IDLE")]
+    query_sched_idle: Option<bool>,
     /// Scheduling priority of the query threads, as a nice value (0-19).
     #[arg(long, env = "LEASELINE_QUERY_NICE", value_parser = clap::value_parser!(i32).range(0..=19))]
     query_nice: Option<i32>,
@@ -365,6 +369,9 @@ impl QueryArgs {
         }
         if let Some(v) = self.query_queue_timeout {
             cfg.query.queue_timeout = Some(v);
+        }
+        if let Some(v) = self.query_sched_idle {
+            cfg.query.sched_idle = v;
         }
         if let Some(v) = self.query_nice {
             cfg.query.nice = v;

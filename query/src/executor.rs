@@ -10,17 +10,25 @@
 //! however busy these threads are.
 //!
 //! The query threads also run at a lower scheduling priority than the
-//! rest of the process (nice 10 by default, `query.nice`). On a machine
-//! whose cores ingest keeps busy (a backlog being caught up), the kernel
-//! then gives queries the time ingest leaves, about a tenth of a core
-//! each at nice 10, rather than an equal share: sixteen clients querying
-//! in a loop cost ingest a tenth of its rate instead of half. An idle
-//! machine gives queries all of it. Work that holds a lock the feeder of
-//! the alert engine waits on runs elsewhere (`LiveAudit`), so a slow
-//! query thread never holds ingest up.
+//! rest of the process. By default they are idle-class threads (Linux's
+//! `SCHED_IDLE`, `query.sched_idle`): they run on the time the rest of
+//! the process leaves, and a thread of ingest that wakes takes its core
+//! from a query thread at once. Ingest is a pipeline whose stages wait on
+//! each other and on the broker, so it rarely keeps every core busy; what
+//! slows it under query load is each stage waiting, at every wake-up, for
+//! a query thread's time slice to end. At nice 10, sixteen clients
+//! querying in a loop left ingest 0.87–0.90 of its rate, on two cores a
+//! third idle without them, and 0.91–0.97 with idle-class query threads;
+//! see BENCHMARKS.md. The cost:
+//! while ingest keeps every core busy (a backlog caught up on a small
+//! machine), queries wait for it and may time out. `query.sched_idle =
+//! false` shares the cores by `query.nice` instead (10: about a tenth of
+//! a core per query thread against a busy ingest thread). Work that holds
+//! a lock the feeder of the alert engine waits on runs elsewhere
+//! (`LiveAudit`), so a slow query thread never holds ingest up.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::OnceLock;
 
 use tokio::runtime::{Builder, Handle, Runtime};
@@ -37,25 +45,36 @@ pub const DEFAULT_NICE: i32 = 10;
 
 static NICE: AtomicI32 = AtomicI32::new(DEFAULT_NICE);
 
-/// Sets the nice value of query threads started from now on: call it
-/// before the first query. Clamped to 0..=19.
-pub fn set_nice(nice: i32) {
+static IDLE: AtomicBool = AtomicBool::new(true);
+
+/// Sets the priority of query threads started from now on: idle-class
+/// when `idle`, and the nice value (clamped to 0..=19) in any case. Call
+/// it before the first query.
+pub fn set_priority(idle: bool, nice: i32) {
+    IDLE.store(idle, Ordering::Relaxed);
     NICE.store(nice.clamp(0, 19), Ordering::Relaxed);
 }
 
 /// Lowers the calling thread's priority to the configured nice value,
-/// never raising it (that needs a privilege the process rarely has). On
-/// Linux a nice value is a thread's own; elsewhere this does nothing.
+/// never raising it (that needs a privilege the process rarely has), then
+/// makes it idle-class if so configured (any thread may). On Linux both
+/// are a thread's own; elsewhere this does nothing. If the idle class is
+/// refused (a seccomp profile), the nice value still holds.
 fn lower_priority() {
     #[cfg(target_os = "linux")]
     {
         let nice = NICE.load(Ordering::Relaxed);
-        // SAFETY: plain system calls on the calling thread (who = 0).
+        // SAFETY: plain system calls on the calling thread (who = 0, pid
+        // = 0), with a parameter that lives across the call.
         unsafe {
             *libc::__errno_location() = 0;
             let now = libc::getpriority(libc::PRIO_PROCESS, 0);
             if *libc::__errno_location() == 0 && now < nice {
                 libc::setpriority(libc::PRIO_PROCESS, 0, nice);
+            }
+            if IDLE.load(Ordering::Relaxed) {
+                let param = libc::sched_param { sched_priority: 0 };
+                libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
             }
         }
     }

@@ -318,7 +318,7 @@ impl QueryEngine {
 
     /// The same engine with other per-query limits.
     pub fn with_limits(mut self, limits: QueryLimits) -> Self {
-        executor::set_nice(limits.nice);
+        executor::set_priority(limits.sched_idle, limits.nice);
         self.limits = limits;
         self.admission = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent.max(1)));
         self.pool = memory::process_pool(&limits);

@@ -29,9 +29,13 @@ pub struct QueryLimits {
     /// [`Self::queue_wait`].
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub queue_timeout: Option<Duration>,
+    /// Whether the query threads are idle-class (Linux `SCHED_IDLE`):
+    /// they run only on the time the rest of the process leaves; see
+    /// [`crate::executor`]. Default true.
+    pub sched_idle: bool,
     /// The scheduling priority of the query threads, as a nice value from
-    /// 0 (the process's own) to 19 (the lowest); see [`crate::executor`].
-    /// Default 10.
+    /// 0 (the process's own) to 19 (the lowest): how they share the cores
+    /// with a busy ingest when `sched_idle` is false. Default 10.
     pub nice: i32,
 }
 
@@ -61,6 +65,7 @@ impl Default for QueryLimits {
             timeout: Duration::from_secs(30),
             max_concurrent: 8,
             queue_timeout: None,
+            sched_idle: true,
             nice: crate::executor::DEFAULT_NICE,
         }
     }
