@@ -19,13 +19,13 @@
 //! a query thread's time slice to end. At nice 10, sixteen clients
 //! querying in a loop left ingest 0.87–0.90 of its rate, on two cores a
 //! third idle without them, and 0.91–0.97 with idle-class query threads;
-//! see BENCHMARKS.md. The cost:
-//! while ingest keeps every core busy (a backlog caught up on a small
+//! see BENCHMARKS.md. The cost: while ingest, or any other process of
+//! the machine, keeps every core busy (a backlog caught up on a small
 //! machine), queries wait for it and may time out. `query.sched_idle =
 //! false` shares the cores by `query.nice` instead (10: about a tenth of
-//! a core per query thread against a busy ingest thread). Work that holds
-//! a lock the feeder of the alert engine waits on runs elsewhere
-//! (`LiveAudit`), so a slow query thread never holds ingest up.
+//! what a busy thread of normal priority gets). Work that holds a lock
+//! the feeder of the alert engine waits on runs elsewhere (`LiveAudit`),
+//! so a slow query thread never holds ingest up.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
