@@ -72,7 +72,7 @@
 //! before the adapter first reads it (it began and ended while the
 //! watcher was down) is reported with a TTL of 1 ms.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
@@ -707,7 +707,7 @@ impl EtcdSession {
         // Leases of deleted keys the reader could not read (a delete
         // without its previous value), read before the model moves on:
         // each read is kept, so a cancelled call starts where it stopped.
-        let unread: HashSet<i64> = resp
+        let unread: BTreeSet<i64> = resp
             .events()
             .iter()
             .filter(|e| e.event_type() == EventType::Delete)
