@@ -60,11 +60,19 @@ impl ZooKeeper {
         z
     }
 
+    /// A four-letter word's answer; empty if none comes within 5 s (a
+    /// server still starting may take the connection and not answer).
     fn four(&self, word: &str) -> String {
         use std::io::Read;
-        let Ok(mut s) = std::net::TcpStream::connect(&self.addr) else {
+        let Ok(addr) = self.addr.parse() else {
             return String::new();
         };
+        let limit = Duration::from_secs(5);
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, limit) else {
+            return String::new();
+        };
+        let _ = s.set_read_timeout(Some(limit));
+        let _ = s.set_write_timeout(Some(limit));
         let _ = s.write_all(word.as_bytes());
         let mut out = String::new();
         let _ = s.read_to_string(&mut out);
@@ -72,11 +80,14 @@ impl ZooKeeper {
     }
 
     async fn client(&self) -> zk::Client {
-        zk::Client::connector()
-            .with_session_timeout(Duration::from_secs(10))
-            .connect(&self.addr)
-            .await
-            .unwrap()
+        within(
+            "connecting",
+            zk::Client::connector()
+                .with_session_timeout(Duration::from_secs(10))
+                .connect(&self.addr),
+        )
+        .await
+        .unwrap()
     }
 }
 
@@ -120,13 +131,21 @@ impl Drop for ZkCli {
     }
 }
 
+/// A ZooKeeper request, given 30 s: the client library waits for an
+/// answer as long as its session lives, and a test must fail, not hang.
+async fn within<T>(what: &str, request: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), request)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer from ZooKeeper within 30 s"))
+}
+
 fn ephemeral_sequential() -> zk::CreateOptions<'static> {
     zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all())
 }
 
 async fn mkdir(c: &zk::Client, path: &str) {
     let opts = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    match c.create(path, b"", &opts).await {
+    match within(path, c.create(path, b"", &opts)).await {
         Ok(_) | Err(zk::Error::NodeExists) => {}
         Err(e) => panic!("creating {path}: {e}"),
     }
@@ -134,25 +153,29 @@ async fn mkdir(c: &zk::Client, path: &str) {
 
 /// A contender's node under `lock`: its path and czxid.
 async fn contend(c: &zk::Client, lock: &str, holder: &str) -> (String, u64) {
-    let (stat, seq) = c
-        .create(
+    let (stat, seq) = within(
+        lock,
+        c.create(
             &format!("/locks/{lock}/lock-"),
             holder.as_bytes(),
             &ephemeral_sequential(),
-        )
-        .await
-        .unwrap();
+        ),
+    )
+    .await
+    .unwrap();
     (format!("/locks/{lock}/lock-{seq}"), stat.czxid as u64)
 }
 
 /// The czxid of the owner (lowest sequence) of `lock`, or none.
 async fn owner(c: &zk::Client, lock: &str) -> Option<u64> {
     let path = format!("/locks/{lock}");
-    let mut children = c.list_children(&path).await.ok()?;
+    let mut children = within(&path, c.list_children(&path)).await.ok()?;
     children.retain(|n| n.contains("lock-"));
     children.sort_by_key(|n| n[n.len() - 10..].to_string());
     let first = children.first()?;
-    let (_, stat) = c.get_data(&format!("{path}/{first}")).await.ok()?;
+    let (_, stat) = within(&path, c.get_data(&format!("{path}/{first}")))
+        .await
+        .ok()?;
     Some(stat.czxid as u64)
 }
 
@@ -244,7 +267,7 @@ async fn locks_are_reported_once_across_a_watcher_killed_mid_change() {
     let b = zk.client().await;
     let (b_node, b_token) = contend(&b, "orders-1", "w-2").await;
     assert!(b_token > a_token);
-    a.delete(&a_node, None).await.unwrap();
+    within(&a_node, a.delete(&a_node, None)).await.unwrap();
     reported(&state, &w, "orders-1", Some(b_token));
 
     // A zkCli owns jobs-7 with a 2 s session, a waiter behind it; the
@@ -280,7 +303,7 @@ async fn locks_are_reported_once_across_a_watcher_killed_mid_change() {
     wait_for_events(&server, 6, &w);
 
     // SIGKILL right after a release, then a new lock while it is down.
-    b.delete(&b_node, None).await.unwrap();
+    within(&b_node, b.delete(&b_node, None)).await.unwrap();
     w.kill9();
     let d = zk.client().await;
     let (d_node, d_token) = contend(&d, "orders-2", "w-5").await;
@@ -291,12 +314,14 @@ async fn locks_are_reported_once_across_a_watcher_killed_mid_change() {
     reported(&state, &w, "orders-2", Some(d_token));
     wait_for_events(&server, 8, &w);
     // Live again after the restart.
-    c.delete(&c_node, None).await.unwrap();
+    within(&c_node, c.delete(&c_node, None)).await.unwrap();
     reported(&state, &w, "jobs-7", None);
     wait_for_events(&server, 9, &w);
     // Curator's revocation: another client asks the owner to let go by
     // writing `__REVOKE__` into its node, and the owner deletes it.
-    admin.set_data(&d_node, b"__REVOKE__", None).await.unwrap();
+    within(&d_node, admin.set_data(&d_node, b"__REVOKE__", None))
+        .await
+        .unwrap();
     assert!(
         wait_until(Duration::from_secs(30), || w
             .logs()
@@ -304,7 +329,7 @@ async fn locks_are_reported_once_across_a_watcher_killed_mid_change() {
         "the watcher did not see the request:\n{}",
         w.logs()
     );
-    d.delete(&d_node, None).await.unwrap();
+    within(&d_node, d.delete(&d_node, None)).await.unwrap();
     reported(&state, &w, "orders-2", None);
     wait_for_events(&server, 10, &w);
     assert!(w.terminate(Duration::from_secs(30)).success());

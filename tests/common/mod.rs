@@ -7,6 +7,7 @@ use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -16,7 +17,58 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
+/// How long one test binary may run (`LEASELINE_TEST_BINARY_LIMIT_SECS`,
+/// default 15 minutes; the slowest takes under 5 on two cores).
+const BINARY_LIMIT: Duration = Duration::from_secs(15 * 60);
+
+/// The processes the tests of this binary have started and not yet
+/// reaped: pid, name and log.
+static LIVE: Mutex<Vec<(u32, String, PathBuf)>> = Mutex::new(Vec::new());
+
+/// Arms, once per test binary, a watchdog for a test that hangs: a call
+/// with no deadline of its own (a client library's request, a child's
+/// output) would otherwise hold the whole run until CI gives up, printing
+/// nothing. Past the limit it writes what every live process logged to
+/// the real standard error (the test harness captures only `eprintln!`),
+/// kills them and aborts, so the run fails here with the evidence.
+pub fn arm_watchdog() {
+    static ARMED: OnceLock<()> = OnceLock::new();
+    ARMED.get_or_init(|| {
+        let limit = std::env::var("LEASELINE_TEST_BINARY_LIMIT_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(Duration::from_secs)
+            .unwrap_or(BINARY_LIMIT);
+        std::thread::spawn(move || {
+            std::thread::sleep(limit);
+            use std::io::Write;
+            let live = LIVE.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(
+                err,
+                "\n===== this test binary ran past {limit:?}: a test hangs; \
+                 {} processes it started are alive =====",
+                live.len()
+            );
+            for (pid, name, log) in &live {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(60).collect();
+                let _ = writeln!(err, "----- {name} (pid {pid}), last lines of its log -----");
+                for l in tail.iter().rev() {
+                    let _ = writeln!(err, "{l}");
+                }
+                unsafe {
+                    libc::kill(*pid as i32, libc::SIGKILL);
+                }
+            }
+            let _ = err.flush();
+            std::process::abort();
+        });
+    });
+}
+
 pub fn free_port() -> u16 {
+    arm_watchdog();
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -43,9 +95,15 @@ impl Proc {
         cmd.stdout(out.try_clone().unwrap())
             .stderr(out)
             .stdin(Stdio::null());
+        arm_watchdog();
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        LIVE.lock().unwrap_or_else(|e| e.into_inner()).push((
+            child.id(),
+            name.to_string(),
+            log.clone(),
+        ));
         Proc {
             name: name.to_string(),
             child,
@@ -103,6 +161,10 @@ impl Drop for Proc {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        let pid = self.child.id();
+        LIVE.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(p, _, _)| *p != pid);
         if std::thread::panicking() {
             eprintln!("----- log of {} -----\n{}", self.name, self.logs());
         }
@@ -379,6 +441,7 @@ pub fn checksum(mut rows: Vec<String>) -> u64 {
 
 /// The `leaseline` binary under test.
 pub fn leaseline() -> Command {
+    arm_watchdog();
     Command::new(env!("CARGO_BIN_EXE_leaseline"))
 }
 
