@@ -406,3 +406,44 @@ fn the_demo_refuses_a_directory_it_did_not_write() {
     );
     assert_eq!(count(&lake, "lease_events"), 78);
 }
+
+/// An on-call engineer's query on a machine whose cores are all busy (a
+/// `serve` catching up, a build): `leaseline sql` keeps the priority it
+/// was started with and answers, where query threads that yielded to any
+/// busy process would wait past the timeout.
+#[test]
+fn sql_answers_while_other_processes_keep_every_core_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    import_files(&lake, &[sample()]);
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let busy: Vec<Proc> = (0..=cores)
+        .map(|i| {
+            let mut cmd = std::process::Command::new("sh");
+            cmd.args(["-c", "while :; do :; done"]);
+            Proc::spawn(&format!("busy-{i}"), cmd, dir.path())
+        })
+        .collect();
+    let out = run(
+        dir.path(),
+        &[
+            "sql",
+            "--lake",
+            lake.to_str().unwrap(),
+            "--query-timeout",
+            "3s",
+            "--format",
+            "csv",
+            "SELECT count(*) AS grants FROM lease_timeline",
+        ],
+    );
+    drop(busy);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let grants = sql(
+        &lake,
+        "SELECT count(*) AS grants FROM lease_timeline",
+        "csv",
+    );
+    assert_eq!(text(&out.stdout), grants);
+    assert_ne!(grants, "grants\n0\n");
+}

@@ -318,6 +318,17 @@ impl IngestArgs {
     }
 }
 
+/// `sql` and `timeline` keep the priority they were started with: a
+/// person is waiting for the answer, and no ingest shares the process
+/// for the query threads to yield to. Idle-class threads there would wait
+/// for any busy process of the machine (a `serve` catching up, a build)
+/// until the query timed out. The configuration file's `query.sched_idle`
+/// and `query.nice` are those of `serve`; `sql` still takes its flags.
+fn at_the_callers_priority(cfg: &mut Config) {
+    cfg.query.sched_idle = false;
+    cfg.query.nice = 0;
+}
+
 /// A `key=value` flag (`key=path` for files), trimmed.
 pub(crate) fn key_value<'a>(flag: &str, p: &'a str) -> anyhow::Result<(&'a str, &'a str)> {
     let (k, v) = p
@@ -743,6 +754,7 @@ async fn run(
             max_rows,
         } => {
             audit.apply(&mut cfg);
+            at_the_callers_priority(&mut cfg);
             limits.apply(&mut cfg);
             let engine = QueryEngine::with_audit_config(lake.open_existing(&cfg).await?, cfg.audit)
                 .with_limits(cfg.query);
@@ -824,6 +836,7 @@ async fn run(
             svg,
         } => {
             audit.apply(&mut cfg);
+            at_the_callers_priority(&mut cfg);
             let engine = QueryEngine::with_audit_config(lake.open_existing(&cfg).await?, cfg.audit)
                 .with_limits(cfg.query);
             let from = leaseline_server::http::time_param("--from", &from)?;
