@@ -25,11 +25,19 @@ const BINARY_LIMIT: Duration = Duration::from_secs(15 * 60);
 /// reaped: pid, name and log.
 static LIVE: Mutex<Vec<(u32, String, PathBuf)>> = Mutex::new(Vec::new());
 
+/// Takes a reaped process off [`LIVE`]: its pid may be reused.
+fn reaped(pid: u32) {
+    LIVE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(p, _, _)| *p != pid);
+}
+
 /// Arms, once per test binary, a watchdog for a test that hangs: a call
 /// with no deadline of its own (a client library's request, a child's
 /// output) would otherwise hold the whole run until CI gives up, printing
 /// nothing. Past the limit it writes what every live process logged to
-/// the real standard error (the test harness captures only `eprintln!`),
+/// the real standard error (the test harness captures only what `print!`
+/// and `eprint!` write),
 /// kills them and aborts, so the run fails here with the evidence.
 pub fn arm_watchdog() {
     static ARMED: OnceLock<()> = OnceLock::new();
@@ -123,7 +131,11 @@ impl Proc {
 
     /// True while the process has not exited.
     pub fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
+        let exited = self.child.try_wait().unwrap().is_some();
+        if exited {
+            reaped(self.child.id());
+        }
+        !exited
     }
 
     /// SIGTERM, then wait for the exit status.
@@ -136,6 +148,7 @@ impl Proc {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
+                reaped(self.child.id());
                 return s;
             }
             if Instant::now() > deadline {
@@ -152,6 +165,7 @@ impl Proc {
     pub fn kill9(&mut self) {
         self.signal(libc::SIGKILL);
         let _ = self.child.wait();
+        reaped(self.child.id());
     }
 }
 
@@ -161,10 +175,7 @@ impl Drop for Proc {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        let pid = self.child.id();
-        LIVE.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|(p, _, _)| *p != pid);
+        reaped(self.child.id());
         if std::thread::panicking() {
             eprintln!("----- log of {} -----\n{}", self.name, self.logs());
         }
