@@ -100,7 +100,9 @@ struct ZkCli {
 
 impl ZkCli {
     fn start(zk: &ZooKeeper, dir: &Path, name: &str) -> ZkCli {
-        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        let log_path = dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        arm_watchdog();
         let mut child = Command::new("java")
             .args(["-cp", &classpath()])
             .arg("org.apache.zookeeper.ZooKeeperMain")
@@ -110,6 +112,7 @@ impl ZkCli {
             .stderr(log)
             .spawn()
             .expect("java");
+        track(child.id(), name, &log_path);
         let stdin = child.stdin.take().unwrap();
         ZkCli { child, stdin }
     }
@@ -122,6 +125,7 @@ impl ZkCli {
     fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        reaped(self.child.id());
     }
 }
 

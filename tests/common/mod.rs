@@ -25,8 +25,16 @@ const BINARY_LIMIT: Duration = Duration::from_secs(15 * 60);
 /// reaped: pid, name and log.
 static LIVE: Mutex<Vec<(u32, String, PathBuf)>> = Mutex::new(Vec::new());
 
+/// Puts a process a test started on [`LIVE`], for the watchdog to show
+/// its log and kill it (a [`Proc`] is put there by itself).
+pub fn track(pid: u32, name: &str, log: &Path) {
+    LIVE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((pid, name.to_string(), log.to_path_buf()));
+}
+
 /// Takes a reaped process off [`LIVE`]: its pid may be reused.
-fn reaped(pid: u32) {
+pub fn reaped(pid: u32) {
     LIVE.lock()
         .unwrap_or_else(|e| e.into_inner())
         .retain(|(p, _, _)| *p != pid);
@@ -107,11 +115,7 @@ impl Proc {
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
-        LIVE.lock().unwrap_or_else(|e| e.into_inner()).push((
-            child.id(),
-            name.to_string(),
-            log.clone(),
-        ));
+        track(child.id(), name, &log);
         Proc {
             name: name.to_string(),
             child,
