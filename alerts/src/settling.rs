@@ -25,6 +25,11 @@
 //!   before it; `after` is the configured window, narrowed while it holds
 //!   more events than `audit.max_events_held` (`audit/src/window.rs`), and
 //!   a settle that leaves more than that narrows it and settles again;
+//!   while narrowed, a settle also waits until an eighth of the budget
+//!   more events came in since the last one, or half the configured
+//!   window went by, so that
+//!   open grants holding more than the budget do not make every turn a
+//!   pass over every lease;
 //! - a lease given an event older than what its audit let go of is *stale*
 //!   (see `audit/src/settle.rs`): it is not settled any more, and it is
 //!   audited again from its whole history in the lake, read in passes over
@@ -137,10 +142,12 @@ impl Settling {
         })
     }
 
-    /// The cutoff to settle at when the clock reads `now`, if it is time.
-    fn due(&mut self, now: i64) -> Option<i64> {
+    /// The cutoff to settle at when the clock reads `now`, if it is time
+    /// and worth a pass over the events held (`held()` counts them).
+    fn due(&mut self, now: i64, held: impl FnOnce() -> usize) -> Option<i64> {
         let cutoff = now.saturating_sub(self.window.width_us());
-        (cutoff >= self.next).then(|| self.settling_at(cutoff))
+        (cutoff >= self.next && self.window.worth_settling(cutoff, held()))
+            .then(|| self.settling_at(cutoff))
     }
 
     /// Settles at `cutoff` now; the next settle is half a window later.
@@ -181,7 +188,7 @@ impl Settling {
         let Some(newest) = engine.max_ts() else {
             return;
         };
-        if let Some(cutoff) = self.due(newest) {
+        if let Some(cutoff) = self.due(newest, || engine.held_events()) {
             self.settle_within_budget(engine, newest, cutoff, AlertEngine::settle);
         }
     }
@@ -216,7 +223,7 @@ impl Settling {
     ) -> bool {
         let watermark = engine.watermark();
         if watermark > i64::MIN {
-            if let Some(cutoff) = self.due(watermark) {
+            if let Some(cutoff) = self.due(watermark, || engine.held_events()) {
                 let (grants, cutoff) = self.settle_within_budget(
                     engine,
                     watermark,
