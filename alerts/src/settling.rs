@@ -27,9 +27,8 @@
 //!   a settle that leaves more than that narrows it and settles again;
 //!   while narrowed, a settle also waits until an eighth of the budget
 //!   more events came in since the last one, or half the configured
-//!   window went by, so that
-//!   open grants holding more than the budget do not make every turn a
-//!   pass over every lease;
+//!   window went by, so that open grants holding more than the budget do
+//!   not make every turn a pass over every lease;
 //! - a lease given an event older than what its audit let go of is *stale*
 //!   (see `audit/src/settle.rs`): it is not settled any more, and it is
 //!   audited again from its whole history in the lake, read in passes over

@@ -23,7 +23,8 @@
 //! and a settle at each of those steps would let go of the few grants
 //! that ended in between at the price of the whole pass (measured: a
 //! serve --ingest whose 320,000 leases held 4.3 M events spent its alert
-//! engine on settling and storing, and ingested at half its rate). So
+//! engine on settling and storing, and took in a fifth fewer events in
+//! five minutes; BENCHMARKS.md). So
 //! while narrowed, a settle is worth its pass ([`HeldWindow::worth_settling`])
 //! only once an eighth of the budget more events came in since the last
 //! one left what it held, or half the configured window of event time
