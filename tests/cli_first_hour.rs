@@ -413,6 +413,7 @@ fn the_demo_refuses_a_directory_it_did_not_write() {
 /// busy process would wait past the timeout.
 #[test]
 fn sql_answers_while_other_processes_keep_every_core_busy() {
+    const GRANTS: &str = "SELECT count(*) AS grants FROM lease_timeline";
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
     import_files(&lake, &[sample()]);
@@ -434,16 +435,12 @@ fn sql_answers_while_other_processes_keep_every_core_busy() {
             "3s",
             "--format",
             "csv",
-            "SELECT count(*) AS grants FROM lease_timeline",
+            GRANTS,
         ],
     );
     drop(busy);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let grants = sql(
-        &lake,
-        "SELECT count(*) AS grants FROM lease_timeline",
-        "csv",
-    );
+    let grants = sql(&lake, GRANTS, "csv");
     assert_eq!(text(&out.stdout), grants);
     assert_ne!(grants, "grants\n0\n");
 }

@@ -102,7 +102,6 @@ impl ZkCli {
     fn start(zk: &ZooKeeper, dir: &Path, name: &str) -> ZkCli {
         let log_path = dir.join(format!("{name}.log"));
         let log = std::fs::File::create(&log_path).unwrap();
-        arm_watchdog();
         let mut child = Command::new("java")
             .args(["-cp", &classpath()])
             .arg("org.apache.zookeeper.ZooKeeperMain")

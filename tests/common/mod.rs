@@ -25,9 +25,11 @@ const BINARY_LIMIT: Duration = Duration::from_secs(15 * 60);
 /// reaped: pid, name and log.
 static LIVE: Mutex<Vec<(u32, String, PathBuf)>> = Mutex::new(Vec::new());
 
-/// Puts a process a test started on [`LIVE`], for the watchdog to show
-/// its log and kill it (a [`Proc`] is put there by itself).
+/// Puts a process a test started on [`LIVE`], for the watchdog (armed
+/// here if it was not) to show its log and kill it (a [`Proc`] is put
+/// there by itself).
 pub fn track(pid: u32, name: &str, log: &Path) {
+    arm_watchdog();
     LIVE.lock()
         .unwrap_or_else(|e| e.into_inner())
         .push((pid, name.to_string(), log.to_path_buf()));
@@ -111,7 +113,6 @@ impl Proc {
         cmd.stdout(out.try_clone().unwrap())
             .stderr(out)
             .stdin(Stdio::null());
-        arm_watchdog();
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
