@@ -11,7 +11,10 @@
 #   SECONDS       length of each phase (default 300; 30 for a smoke test)
 #   TOPIC_EVENTS  events to pre-fill (default: 40 million, or 2 million
 #                 when SECONDS is under 60); the whole run must not drain it,
-#                 which the script checks
+#                 which the script checks. The baseline's serve ingests on
+#                 for half a phase more, for the memory budget (the load
+#                 phase's peak against the baseline's at as many events):
+#                 at 100 k events/s a 300 s run needs 45 million
 # Environment: LEASELINE_BENCH_POOL (--query-memory-pool-bytes, default
 # 1GiB), LEASELINE_BENCH_OUT (results JSON, default target/bench-load.json),
 # LEASELINE_BENCH_PNG (default docs/load-test.png), LEASELINE_BENCH_BIN (the
