@@ -442,16 +442,12 @@ impl QueryEngine {
         // side is hashed and buffered between the two partitions. One
         // hash table holds no more than its partitions together.
         config.options_mut().optimizer.repartition_joins = false;
-        // Filters are applied while Parquet is decoded ("late
-        // materialization"): the columns of a row are decoded only once the
-        // filter's own columns pass it. The incident queries pick a kind of
-        // event, one lease or a violation's event ids out of all history,
-        // and without this decoded every projected column of every row
-        // before filtering. The cheaper filters run first. A filter that
-        // keeps many rows spread over every row group costs more so (the
-        // keepalives, a third of all events: twice the time); the incident
-        // queries together take about four fifths of it (BENCHMARKS.md).
-        config.options_mut().execution.parquet.pushdown_filters = true;
+        // Whether filters are applied while Parquet is decoded is each
+        // scan's choice, by what its filters keep
+        // (`files::decode_filtered`): DataFusion decodes by selection when
+        // either the session or the scan says so. The cheaper filters run
+        // first.
+        config.options_mut().execution.parquet.pushdown_filters = false;
         config.options_mut().execution.parquet.reorder_filters = true;
         // A runtime per session, so the memory limit is per query, drawing
         // on the process's pool. Spilling is off: a read-only service

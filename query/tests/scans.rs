@@ -1,8 +1,10 @@
-//! A filter on `lease_events` is applied while Parquet is decoded: the
-//! other columns of a row group are decoded only for the rows it keeps.
-//! A row group's statistics cannot rule it out when the value sought lies
-//! between its smallest and largest; the filter then still spares decoding
-//! the rest of every row it rejects.
+//! A filter on `lease_events` that keeps few rows is applied while Parquet
+//! is decoded: the other columns of a row group are decoded only for the
+//! rows it keeps. A row group's statistics cannot rule it out when the
+//! value sought lies between its smallest and largest; the filter then
+//! still spares decoding the rest of every row it rejects. Filters that
+//! keep a large share of every row group (the keepalives) are applied to
+//! whole decoded batches instead.
 
 mod common;
 
@@ -36,5 +38,52 @@ async fn a_filter_is_applied_while_decoding_and_the_rows_it_rejects_are_not_deco
     assert!(
         scan.contains("pushdown_rows_pruned=49") && scan.contains("pushdown_rows_matched=1"),
         "the filter kept 1 row of 50 while decoding:\n{scan}"
+    );
+}
+
+fn renewed(n: u32, source: &str) -> String {
+    format!(
+        r#"{{"ts":"2026-09-14T10:01:{:02}Z","kind":"renewed","source":"{source}","lease_id":"L{n}","holder_id":"h{n:02}","fencing_token":{},"ttl_ms":1000,"event_id":"r{source}{n}","latency_ms":{n}}}"#,
+        n % 60,
+        n + 1
+    )
+}
+
+#[tokio::test]
+async fn a_filter_keeping_the_keepalives_is_applied_to_whole_batches_with_the_same_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    // 20 grants, each renewed once by holder and coordinator: the
+    // holders' keepalives are a third of the rows.
+    let lines: Vec<String> = (0..20)
+        .flat_map(|n| [acquired(n), renewed(n, "holder"), renewed(n, "coordinator")])
+        .collect();
+    append(&lake, &lines).await;
+    let engine = QueryEngine::new(lake);
+
+    // Keepalive health's filter (docs/incident-queries.md).
+    let query = "SELECT count(*), CAST(sum(latency_ms) AS BIGINT) FROM lease_events \
+                 WHERE kind IN ('renewed', 'renew_failed') AND source = 'holder'";
+    let rows = engine.sql(query).await.unwrap();
+    assert_eq!(strings(&rows, 0), vec!["20"]);
+    assert_eq!(strings(&rows, 1), vec![(0..20).sum::<u32>().to_string()]);
+    let (plan, scan) = analyzed_scan(&engine, query).await;
+    assert!(
+        !scan.contains("pushdown_rows_matched=20"),
+        "no row was filtered while decoding:\n{scan}"
+    );
+    assert!(
+        plan.contains("FilterExec"),
+        "the filter runs above the scan:\n{plan}"
+    );
+
+    // One lease among them is few rows again: filtered while decoding.
+    let one = format!("{query} AND lease_id = 'L3'");
+    let rows = engine.sql(&one).await.unwrap();
+    assert_eq!(strings(&rows, 0), vec!["1"]);
+    let (_, scan) = analyzed_scan(&engine, &one).await;
+    assert!(
+        scan.contains("pushdown_rows_matched=1"),
+        "the filter kept 1 row while decoding:\n{scan}"
     );
 }
