@@ -12,22 +12,31 @@ use common::{analyzed_scan, append, strings};
 use leaseline_lake::Lake;
 use leaseline_query::QueryEngine;
 
-fn acquired(n: u32) -> String {
+/// Grant `n`'s event of `kind` from `source`, at second `n` of minute `minute`.
+fn event(kind: &str, source: &str, n: u32, minute: u32, id: &str) -> String {
     format!(
-        r#"{{"ts":"2026-09-14T10:00:{:02}Z","kind":"acquired","source":"coordinator","lease_id":"L{n}","holder_id":"h{n:02}","fencing_token":{},"ttl_ms":1000,"event_id":"e{n}"}}"#,
+        r#"{{"ts":"2026-09-14T10:{minute:02}:{:02}Z","kind":"{kind}","source":"{source}","lease_id":"L{n}","holder_id":"h{n:02}","fencing_token":{},"ttl_ms":1000,"event_id":"{id}{n}","latency_ms":{n}}}"#,
         n % 60,
         n + 1
     )
 }
 
-#[tokio::test]
-async fn a_filter_is_applied_while_decoding_and_the_rows_it_rejects_are_not_decoded_further() {
+fn acquired(n: u32) -> String {
+    event("acquired", "coordinator", n, 0, "e")
+}
+
+async fn engine_of(lines: &[String]) -> (tempfile::TempDir, QueryEngine) {
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    append(&lake, lines).await;
+    (dir, QueryEngine::new(lake))
+}
+
+#[tokio::test]
+async fn a_filter_is_applied_while_decoding_and_the_rows_it_rejects_are_not_decoded_further() {
     // One file, one row group, holders h00 to h49: its statistics hold h07.
     let lines: Vec<String> = (0..50).map(acquired).collect();
-    append(&lake, &lines).await;
-    let engine = QueryEngine::new(lake);
+    let (_dir, engine) = engine_of(&lines).await;
 
     let query = "SELECT event_id, lease_id FROM lease_events WHERE holder_id = 'h07'";
     let rows = engine.sql(query).await.unwrap();
@@ -41,25 +50,20 @@ async fn a_filter_is_applied_while_decoding_and_the_rows_it_rejects_are_not_deco
     );
 }
 
-fn renewed(n: u32, source: &str) -> String {
-    format!(
-        r#"{{"ts":"2026-09-14T10:01:{:02}Z","kind":"renewed","source":"{source}","lease_id":"L{n}","holder_id":"h{n:02}","fencing_token":{},"ttl_ms":1000,"event_id":"r{source}{n}","latency_ms":{n}}}"#,
-        n % 60,
-        n + 1
-    )
-}
-
 #[tokio::test]
 async fn a_filter_keeping_the_keepalives_is_applied_to_whole_batches_with_the_same_answer() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
     // 20 grants, each renewed once by holder and coordinator: the
     // holders' keepalives are a third of the rows.
     let lines: Vec<String> = (0..20)
-        .flat_map(|n| [acquired(n), renewed(n, "holder"), renewed(n, "coordinator")])
+        .flat_map(|n| {
+            [
+                acquired(n),
+                event("renewed", "holder", n, 1, "rh"),
+                event("renewed", "coordinator", n, 1, "rc"),
+            ]
+        })
         .collect();
-    append(&lake, &lines).await;
-    let engine = QueryEngine::new(lake);
+    let (_dir, engine) = engine_of(&lines).await;
 
     // Keepalive health's filter (docs/incident-queries.md).
     let query = "SELECT count(*), CAST(sum(latency_ms) AS BIGINT) FROM lease_events \
