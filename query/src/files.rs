@@ -161,12 +161,12 @@ fn keeps_many(filter: &Expr) -> bool {
     }
     fn text(e: &Expr) -> Option<&str> {
         match e {
-            Expr::Literal(v, _) => match v {
+            Expr::Literal(
                 ScalarValue::Utf8(Some(s))
                 | ScalarValue::Utf8View(Some(s))
-                | ScalarValue::LargeUtf8(Some(s)) => Some(s.as_str()),
-                _ => None,
-            },
+                | ScalarValue::LargeUtf8(Some(s)),
+                _,
+            ) => Some(s.as_str()),
             Expr::Cast(c) => text(&c.expr),
             _ => None,
         }
@@ -223,7 +223,7 @@ mod tests {
             col("kind").not_eq(lit("renewed")),
             col("kind").in_list(vec![lit("renewed")], true),
         ] {
-            assert!(decode_filtered(&[narrow.clone()]), "{narrow}");
+            assert!(decode_filtered(std::slice::from_ref(&narrow)), "{narrow}");
             // One narrow filter among wide ones is enough.
             let with_wide = [col("source").eq(lit("holder")), narrow.clone()];
             assert!(decode_filtered(&with_wide), "{narrow} with a wide one");
