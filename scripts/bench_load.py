@@ -411,9 +411,8 @@ def memory_budget(base, load, pool_mib):
     budget's base, and the figures say so."""
     target = load.get("committed_at_peak_read") or load["committed_events"]
     reached = [x for x in base["samples"] if x["committed"] >= target and x["hwm_kib"]]
-    hwms = [x["hwm_kib"] for x in base["samples"] if x["hwm_kib"]]
-    base_hwm_kib = reached[0]["hwm_kib"] if reached else (max(hwms) if hwms else 0)
-    budget = base_hwm_kib / 1024 + pool_mib
+    base_mib = reached[0]["hwm_kib"] / 1024 if reached else (base["peak_rss_mib"] or 0)
+    budget = base_mib + pool_mib
     return {
         "rss_budget_mib": budget,
         "rss_budget_at_events": target,
