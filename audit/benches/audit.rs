@@ -311,10 +311,52 @@ fn bench_wall(c: &mut Criterion) {
     group.finish();
 }
 
+/// Leases in the auditor of `audit-new-lease`: as many as a live audit
+/// of a large fleet holds.
+const MANY_LEASES: usize = 300_000;
+
+/// A lease id that sorts anywhere among the others, as new leases do.
+fn random_lease(rng: &mut Lcg) -> String {
+    format!("lease-{:08x}{:08x}", rng.next(), rng.next())
+}
+
+/// The tables read again after one new lease among many: what a live
+/// audit does for a query after each commit while the fleet grows. Each
+/// read orders the leases by id, the new one included.
+fn bench_new_lease(c: &mut Criterion) {
+    let mut rng = Lcg(7);
+    let mut auditor = Auditor::default();
+    let acquired = |i: usize, lease: &str| {
+        event(
+            T0 + i as i64,
+            Kind::Acquired,
+            Source::Coordinator,
+            lease,
+            "h",
+            1,
+        )
+    };
+    for i in 0..MANY_LEASES {
+        auditor.push(&acquired(i, &random_lease(&mut rng)));
+    }
+    assert_eq!(auditor.lease_ids().len(), MANY_LEASES);
+    let mut i = MANY_LEASES;
+    let mut group = c.benchmark_group("audit-new-lease");
+    group.sample_size(20);
+    group.bench_function("one new lease among 300k, then violations", |b| {
+        b.iter(|| {
+            i += 1;
+            auditor.push(&acquired(i, &random_lease(&mut rng)));
+            black_box(auditor.violations().len())
+        })
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = cpu;
     config = Criterion::default().with_measurement(ProcessCpuTime);
     targets = bench_cpu
 }
-criterion_group!(wall, bench_wall);
+criterion_group!(wall, bench_wall, bench_new_lease);
 criterion_main!(cpu, wall);
