@@ -54,11 +54,11 @@ use arrow::datatypes::{DataType, Int32Type, Int64Type, TimestampMicrosecondType}
 use futures::StreamExt;
 use leaseline_audit::{AuditConfig, Auditor, StoredFiles};
 use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
-use leaseline_schema::{EventColumns, LeaseEvent, SETTLED_BEFORE};
+use leaseline_schema::{EventColumns, SETTLED_BEFORE};
 
 use tracing::debug;
 
-use crate::audit::{derive, joined, AuditTables, BATCHES_AHEAD};
+use crate::audit::{derive, joined, push_lake_batch, AuditTables, BATCHES_AHEAD};
 use crate::{QueryError, Result};
 
 /// The columns that place a `lease_events` row against its lease's cut
@@ -174,8 +174,10 @@ pub(crate) async fn from_stored(
         }
         Ok(Ok((found_before, settled, checked_at)))
     });
+    // Lake rows hold each `event_id` once, and a lease's context is
+    // before its cut while its other rows read are not: no id repeats.
     while let Some(batch) = rx.recv().await {
-        push(&mut auditor, &batch, |_| true)?;
+        push_lake_batch(&mut auditor, &batch)?;
     }
     let (found_before, tail_settled, checked_at) = match reader.await.map_err(joined)?? {
         Ok(read) => read,
@@ -621,19 +623,6 @@ fn place(
             .collect(),
     );
     Ok(true)
-}
-
-/// Pushes the rows of `batch` whose index `wanted` takes. Lake rows hold
-/// each `event_id` once, and a lease's context is before its cut while its
-/// other rows read are not, so no id repeats.
-fn push(auditor: &mut Auditor, batch: &RecordBatch, wanted: impl Fn(usize) -> bool) -> Result<()> {
-    let cols = EventColumns::new(batch)?;
-    let mut events: Vec<LeaseEvent<'_>> = Vec::with_capacity(cols.len());
-    for i in (0..cols.len()).filter(|&i| wanted(i)) {
-        events.push(cols.event(i)?);
-    }
-    auditor.push_all_unique(&events);
-    Ok(())
 }
 
 #[cfg(test)]
