@@ -108,6 +108,8 @@ pub struct Auditor {
     voided: Vec<Sym>,
     /// Where the rows released are stored.
     stored: Option<std::sync::Arc<StoredFiles>>,
+    /// Room a lease takes for its events at its first one ([`Auditor::reserve`]).
+    expected_per_lease: usize,
     /// Bumped at each release: answers derived before it are out of date
     /// whatever the events held.
     generation: u64,
@@ -196,8 +198,26 @@ impl Auditor {
             stale_leases: 0,
             voided: Vec::new(),
             stored: None,
+            expected_per_lease: 0,
             generation: 0,
         }
+    }
+
+    /// Makes room for about `events` more events, spread over leases of
+    /// about `per_lease` events each. A reader that knows how many rows
+    /// it will push (a lake's manifest counts them) has the auditor's
+    /// tables grown once rather than doubled again and again, each time
+    /// into freshly faulted pages. Each lease takes room for `per_lease`
+    /// events (at most 1,024) at its first event.
+    pub fn reserve(&mut self, events: usize, per_lease: usize) {
+        // Lake event ids are UUIDs or the like: 36 bytes is a fair
+        // guess before any is held.
+        let id_len = self.ids.mean_len().unwrap_or(36);
+        self.ids.reserve(events, id_len);
+        self.id_info.reserve(events);
+        // A guess that is far off must not cost every lease megabytes:
+        // past this, a lease's vector doubles as it fills.
+        self.expected_per_lease = per_lease.min(1024);
     }
 
     pub fn config(&self) -> &AuditConfig {
@@ -418,7 +438,7 @@ impl Auditor {
                 let events = &self.states[next.lease as usize].events;
                 prefetch(events.as_ptr().wrapping_add(events.len()));
             }
-            self.states[ev.lease as usize].push(ev);
+            self.states[ev.lease as usize].push(ev, self.expected_per_lease);
             self.touch(ev.lease);
         }
         self.log = log;
@@ -1102,6 +1122,28 @@ mod tests {
             super::merge_in(&[10, 20, 30], &[11, 12, 13], by),
             [10, 11, 12, 13, 20, 30]
         );
+    }
+
+    /// After `reserve`, a lease's vector of events is sized once, at its
+    /// first event; a guess far off takes no more than 1,024 events' room.
+    #[test]
+    fn a_reserve_sizes_each_leases_events_once() {
+        let mut sized = Auditor::default();
+        sized.reserve(1000, 200);
+        let mut doubled = Auditor::default();
+        for i in 0..150 {
+            sized.push(&event("a", i));
+            doubled.push(&event("a", i));
+        }
+        assert_eq!(sized.timeline(), doubled.timeline());
+        assert_eq!(sized.states[0].events.len(), 150);
+        assert_eq!(sized.states[0].events.capacity(), 200);
+        assert_eq!(doubled.states[0].events.capacity(), 256);
+        let mut far_off = Auditor::default();
+        far_off.reserve(10, usize::MAX);
+        far_off.push(&event("a", 0));
+        far_off.timeline();
+        assert_eq!(far_off.states[0].events.capacity(), 1024);
     }
 
     /// Leases met between reads join the order of those met before: every

@@ -144,6 +144,17 @@ impl StrTable {
     /// caller knows it is not in the table. Appending is sequential; the
     /// random-access index is built only if a lookup ever needs it.
     #[inline]
+    /// Makes room for `n` more strings of about `bytes_each` bytes.
+    pub fn reserve(&mut self, n: usize, bytes_each: usize) {
+        self.ends.reserve(n);
+        self.arena.reserve(n.saturating_mul(bytes_each));
+    }
+
+    /// The mean length of the strings held, if any.
+    pub fn mean_len(&self) -> Option<usize> {
+        (!self.ends.is_empty()).then(|| self.arena.len() / self.ends.len())
+    }
+
     pub fn append_unindexed(&mut self, s: &str) -> Sym {
         let sym = self.next_sym();
         self.arena.push_str(s);

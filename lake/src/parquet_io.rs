@@ -384,6 +384,77 @@ pub fn dictionary_reader_with<R: ChunkReader + 'static>(
     )
 }
 
+/// The distinct values of string column `name` in each row group, read
+/// from the row group's dictionary page alone, without its data pages:
+/// `None` unless every row group's chunk of the column has statistics
+/// showing no null, a dictionary, and only data pages that index it (no
+/// fallback to plain values), so that the dictionary holds every value of
+/// the chunk. A dictionary may also hold a value that no row has: the
+/// values are a superset, for checks that every value passes.
+pub fn dictionary_values<R: ChunkReader + 'static>(
+    file: R,
+    meta: &Footer,
+    name: &str,
+) -> Result<Option<Vec<Vec<String>>>> {
+    use parquet::basic::Encoding;
+    use parquet::column::page::{Page, PageReader};
+    use parquet::file::serialized_reader::SerializedPageReader;
+    let file = Arc::new(file);
+    let mut groups = Vec::new();
+    for rg in meta.metadata().row_groups() {
+        let Some(chunk) = rg
+            .columns()
+            .iter()
+            .find(|c| c.column_path().string() == name)
+        else {
+            return Ok(None);
+        };
+        let all_indexed = chunk.dictionary_page_offset().is_some()
+            && chunk.page_encoding_stats_mask().is_some_and(|mask| {
+                mask.is_only(Encoding::RLE_DICTIONARY) || mask.is_only(Encoding::PLAIN_DICTIONARY)
+            });
+        let no_null = chunk
+            .statistics()
+            .is_some_and(|s| s.null_count_opt() == Some(0));
+        if !all_indexed || !no_null {
+            return Ok(None);
+        }
+        let rows = usize::try_from(rg.num_rows()).unwrap_or(0);
+        let mut pages = SerializedPageReader::new(file.clone(), chunk, rows, None)?;
+        let Some(Page::DictionaryPage {
+            buf,
+            num_values,
+            encoding,
+            ..
+        }) = pages.get_next_page()?
+        else {
+            return Ok(None);
+        };
+        if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
+            return Ok(None);
+        }
+        // PLAIN byte arrays: each a little-endian u32 length, then the bytes.
+        let mut values = Vec::with_capacity(num_values as usize);
+        let mut rest: &[u8] = &buf;
+        for _ in 0..num_values {
+            let Some((len, tail)) = rest.split_first_chunk::<4>() else {
+                return Ok(None);
+            };
+            let len = u32::from_le_bytes(*len) as usize;
+            if tail.len() < len {
+                return Ok(None);
+            }
+            let Ok(value) = std::str::from_utf8(&tail[..len]) else {
+                return Ok(None);
+            };
+            values.push(value.to_string());
+            rest = &tail[len..];
+        }
+        groups.push(values);
+    }
+    Ok(Some(groups))
+}
+
 /// Per row group, the `(least, largest)` of each column asked for; see
 /// [`int_ranges`].
 pub type IntRanges = Vec<Option<Vec<(i64, i64)>>>;

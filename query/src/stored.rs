@@ -34,8 +34,9 @@
 //! selection), on a blocking thread while the audit takes the rows already
 //! read. A file whose newest event (the manifest says) is older than every
 //! lease's cut has no row to audit if every lease in it has a cut: of such
-//! a file only the dictionaries of lease ids and topics are read, and the
-//! Kafka positions are taken from the row groups' statistics (an upper
+//! a file only the dictionaries of lease ids and topics are read (each
+//! row group's dictionary page alone, when its data pages only index
+//! it), and the Kafka positions are taken from the row groups' statistics (an upper
 //! bound, checked against the recorded positions like the rows' own
 //! offsets, and read row by row if it does not pass), two files at a
 //! time, before the others ([`before_cuts`]).
@@ -105,9 +106,15 @@ pub(crate) async fn from_stored(
     let oldest_cut = cuts.values().copied().min().unwrap_or(i64::MIN);
     let (before, tail): (Vec<_>, Vec<_>) = m
         .files_of(Table::LeaseEvents)
-        .map(|f| (f.path.clone(), f.max_ts_us))
-        .partition(|(_, max_ts)| *max_ts < oldest_cut);
+        .map(|f| (f.path.clone(), f.max_ts_us, f.rows))
+        .partition(|(_, max_ts, _)| *max_ts < oldest_cut);
     let files_before = before.len();
+    // At most these rows are audited, most of them in leases with a cut.
+    let rows = tail
+        .iter()
+        .map(|(_, _, rows)| *rows as usize)
+        .sum::<usize>();
+    auditor.reserve(rows, rows / cuts.len().max(1));
     // The leases' context goes to the auditor beside the events, decoded
     // on a thread of its own: most of it while the files before every cut
     // are checked, when the auditor has nothing else to take.
@@ -138,7 +145,7 @@ pub(crate) async fn from_stored(
         let mut settled = SettledOffsets::new();
         // Files wholly before every lease's cut hold nothing to audit but
         // the rows of a lease without a cut; both cores check them.
-        let checked = futures::stream::iter(before.into_iter().map(|(path, _)| {
+        let checked = futures::stream::iter(before.into_iter().map(|(path, _, _)| {
             let (store, cuts) = (store.clone(), reader_cuts.clone());
             async move {
                 let file = Source::of(&store, &path).await?;
@@ -160,7 +167,7 @@ pub(crate) async fn from_stored(
         let checked_at = std::time::Instant::now();
         let files = unsure
             .into_iter()
-            .chain(tail.into_iter().map(|(path, _)| path));
+            .chain(tail.into_iter().map(|(path, _, _)| path));
         for path in files {
             let bytes = store.get(&path).await?;
             let (tx, cuts) = (tx.clone(), reader_cuts.clone());
@@ -373,7 +380,9 @@ fn read_tail(
 /// partition in its range: an upper bound, marked by the returned `true`,
 /// which shows the rows accounted for whenever the recorded positions are
 /// past it (files this old are far below them), and otherwise the caller
-/// reads the file again without statistics.
+/// reads the file again without statistics. The lease ids and the topic
+/// then come from the row groups' dictionary pages when those hold every
+/// value ([`parquet_io::dictionary_values`]), and no row is decoded.
 ///
 /// [the oldest cut]: from_stored
 fn before_cuts(
@@ -405,8 +414,31 @@ fn before_cuts(
         }
         largest[p] = largest[p].max(o);
     };
+    // With the offsets from statistics, only the lease ids and the topic
+    // are left to read: from the dictionary pages alone when those hold
+    // every value of their row group, and no row is decoded.
+    let dictionaries = match ranges {
+        Some(_) => file
+            .dictionary_values(&footer, "lease_id")?
+            .zip(file.dictionary_values(&footer, "kafka_topic")?),
+        None => None,
+    };
+    if let Some((ids, topics)) = &dictionaries {
+        if !ids.iter().flatten().all(|n| cuts.contains_key(n)) {
+            return Ok(None);
+        }
+        for name in topics.iter().flatten() {
+            if topic.get_or_insert_with(|| name.clone()) != name {
+                return Ok(None);
+            }
+        }
+    }
+    let batches: Batches = match dictionaries {
+        Some(_) => Box::new(std::iter::empty()),
+        None => file.dictionary_reader(&footer, columns, &DICTIONARY)?,
+    };
     let mut checked: Option<arrow::array::ArrayRef> = None;
-    for batch in file.dictionary_reader(&footer, columns, &DICTIONARY)? {
+    for batch in batches {
         let batch = batch.map_err(LakeError::from)?;
         let column = |name: &str| {
             batch
@@ -506,6 +538,17 @@ impl Source {
         Ok(match self {
             Source::Local(p) => parquet_io::footer(&Source::open(p)?)?,
             Source::Fetched(b) => parquet_io::footer(b)?,
+        })
+    }
+
+    fn dictionary_values(
+        &self,
+        footer: &parquet_io::Footer,
+        column: &str,
+    ) -> Result<Option<Vec<Vec<String>>>> {
+        Ok(match self {
+            Source::Local(p) => parquet_io::dictionary_values(Source::open(p)?, footer, column)?,
+            Source::Fetched(b) => parquet_io::dictionary_values(b.clone(), footer, column)?,
         })
     }
 
@@ -763,6 +806,26 @@ mod tests {
             .await
             .unwrap();
         assert!(tables.is_none());
+    }
+
+    #[test]
+    fn a_files_lease_ids_and_topic_come_from_its_dictionary_pages() {
+        let f = file(&[("b", "t", 0, 7), ("a", "t", 0, 8), ("b", "t", 1, 9)]);
+        let footer = f.footer().unwrap();
+        let mut ids = f
+            .dictionary_values(&footer, "lease_id")
+            .unwrap()
+            .unwrap()
+            .concat();
+        ids.sort();
+        assert_eq!(ids, ["a", "b"]);
+        let topics = f.dictionary_values(&footer, "kafka_topic").unwrap();
+        assert_eq!(topics.unwrap().concat(), ["t"]);
+        // A column with a null (an event from a file has no topic) is left
+        // to the rows.
+        let f = file(&[("a", "t", 0, 7), ("a", "", 0, 0)]);
+        let topics = f.dictionary_values(&f.footer().unwrap(), "kafka_topic");
+        assert_eq!(topics.unwrap(), None);
     }
 
     #[test]
