@@ -108,7 +108,7 @@ pub struct Auditor {
     voided: Vec<Sym>,
     /// Where the rows released are stored.
     stored: Option<std::sync::Arc<StoredFiles>>,
-    /// Room a lease takes for its events at its first one ([`Auditor::reserve`]).
+    /// Room a lease takes for its events when first met ([`Auditor::reserve`]).
     expected_per_lease: usize,
     /// Bumped at each release: answers derived before it are out of date
     /// whatever the events held.
@@ -207,8 +207,8 @@ impl Auditor {
     /// about `per_lease` events each. A reader that knows how many rows
     /// it will push (a lake's manifest counts them) has the auditor's
     /// tables grown once rather than doubled again and again, each time
-    /// into freshly faulted pages. Each lease takes room for `per_lease`
-    /// events (at most 1,024) at its first event.
+    /// into freshly faulted pages. Each lease first met after this takes
+    /// room for `per_lease` events (at most 1,024).
     pub fn reserve(&mut self, events: usize, per_lease: usize) {
         // Lake event ids are UUIDs or the like: 36 bytes is a fair
         // guess before any is held.
@@ -359,8 +359,9 @@ impl Auditor {
     fn push_prepared(&mut self, event: &LeaseEvent<'_>, hashes: Hashes, ids: Ids) -> bool {
         let (lease, new_lease) = self.leases.intern_hashed(&event.lease_id, hashes.lease);
         if new_lease {
-            self.states
-                .push(LeaseState::new(self.leases.get(lease).clone()));
+            let mut state = LeaseState::new(self.leases.get(lease).clone());
+            state.events.reserve(self.expected_per_lease);
+            self.states.push(state);
         }
         let holder = match (event.holder_id.as_deref(), hashes.holder) {
             (Some(h), Some(hash)) => self.strings.intern_hashed(h, hash).0,
@@ -438,7 +439,7 @@ impl Auditor {
                 let events = &self.states[next.lease as usize].events;
                 prefetch(events.as_ptr().wrapping_add(events.len()));
             }
-            self.states[ev.lease as usize].push(ev, self.expected_per_lease);
+            self.states[ev.lease as usize].push(ev);
             self.touch(ev.lease);
         }
         self.log = log;

@@ -107,14 +107,12 @@ impl LeaseState {
         self.sorted_len = self.events.len();
     }
 
-    /// Adds an event; `expected` is how many events the lease is
-    /// expected to hold, the room taken at its first event.
-    pub fn push(&mut self, ev: Ev, expected: usize) {
+    pub fn push(&mut self, ev: Ev) {
         self.count += 1;
         self.max_ts = self.max_ts.max(ev.ts);
         if self.events.len() == self.events.capacity() {
             // Leases see many events: skip the smallest reallocations.
-            self.events.reserve(self.events.len().max(16).max(expected));
+            self.events.reserve(self.events.len().max(16));
         }
         self.events.push(ev);
     }

@@ -140,10 +140,6 @@ impl StrTable {
         (sym, true)
     }
 
-    /// Adds `s` as a new symbol without looking it up or indexing it: the
-    /// caller knows it is not in the table. Appending is sequential; the
-    /// random-access index is built only if a lookup ever needs it.
-    #[inline]
     /// Makes room for `n` more strings of about `bytes_each` bytes.
     pub fn reserve(&mut self, n: usize, bytes_each: usize) {
         self.ends.reserve(n);
@@ -155,6 +151,10 @@ impl StrTable {
         (!self.ends.is_empty()).then(|| self.arena.len() / self.ends.len())
     }
 
+    /// Adds `s` as a new symbol without looking it up or indexing it: the
+    /// caller knows it is not in the table. Appending is sequential; the
+    /// random-access index is built only if a lookup ever needs it.
+    #[inline]
     pub fn append_unindexed(&mut self, s: &str) -> Sym {
         let sym = self.next_sym();
         self.arena.push_str(s);
