@@ -153,18 +153,26 @@ impl Lake {
     pub async fn latest(&self) -> Result<Manifest> {
         let (_, partitions) = self.scope();
         let mut tables = self.inner.tables.lock().await;
+        for table in Table::ALL {
+            if let std::collections::btree_map::Entry::Vacant(e) = tables.entry(table) {
+                e.insert(delta::Loaded::new(&self.store, table)?);
+            }
+        }
+        // Each table's log is read apart from the others'; one after
+        // another, opening a lake waited on every table's reads in turn.
+        let writable = self.inner.writable;
+        let refreshed: BTreeMap<Table, bool> =
+            futures::future::try_join_all(tables.iter_mut().map(|(&table, loaded)| async move {
+                let found = loaded.refresh(&self.store, table, writable).await?;
+                Ok::<_, LakeError>((table, found))
+            }))
+            .await?
+            .into_iter()
+            .collect();
         let mut m = Manifest::empty();
         for table in Table::ALL {
-            let loaded = match tables.entry(table) {
-                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::btree_map::Entry::Vacant(e) => {
-                    e.insert(delta::Loaded::new(&self.store, table)?)
-                }
-            };
-            if !loaded
-                .refresh(&self.store, table, self.inner.writable)
-                .await?
-            {
+            let loaded = tables.get_mut(&table).expect("inserted above");
+            if !refreshed[&table] {
                 continue;
             }
             let state = loaded.state().expect("refreshed");
