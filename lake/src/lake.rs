@@ -160,19 +160,20 @@ impl Lake {
         }
         // Each table's log is read apart from the others'; one after
         // another, opening a lake waited on every table's reads in turn.
+        // Every refresh runs to its end, so a failed one leaves no other
+        // half done.
         let writable = self.inner.writable;
-        let refreshed: BTreeMap<Table, bool> =
-            futures::future::try_join_all(tables.iter_mut().map(|(&table, loaded)| async move {
-                let found = loaded.refresh(&self.store, table, writable).await?;
-                Ok::<_, LakeError>((table, found))
+        let mut refreshed: BTreeMap<Table, Result<bool>> =
+            futures::future::join_all(tables.iter_mut().map(|(&table, loaded)| async move {
+                (table, loaded.refresh(&self.store, table, writable).await)
             }))
-            .await?
+            .await
             .into_iter()
             .collect();
         let mut m = Manifest::empty();
         for table in Table::ALL {
             let loaded = tables.get_mut(&table).expect("inserted above");
-            if !refreshed[&table] {
+            if !refreshed.remove(&table).expect("refreshed above")? {
                 continue;
             }
             let state = loaded.state().expect("refreshed");
