@@ -738,6 +738,51 @@ mod tests {
         assert_eq!(stats, (vec![t(4, 12)], false));
     }
 
+    #[test]
+    fn a_file_of_several_row_groups_sends_its_rows_after_the_cuts_in_order() {
+        // Two rows per row group; `a`'s rows are before its cut, `b`'s and
+        // the cut-less `c`'s are audited.
+        let rows = [
+            ("a", "t", 0, 1),
+            ("b", "t", 1, 2),
+            ("a", "t", 0, 3),
+            ("a", "t", 2, 4),
+            ("a", "t", 0, 6),
+            ("c", "t", 2, 5),
+            ("b", "t", 1, 7),
+        ];
+        let batch = parquet_io::to_storage(&events(&rows)).unwrap();
+        let mut bytes = Vec::new();
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(2))
+            .build();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let bytes = bytes::Bytes::from(bytes);
+        let footer = parquet_io::footer(&bytes).unwrap();
+        assert_eq!(footer.metadata().num_row_groups(), 4);
+
+        // After every event of `a`; `b`'s cut is before all of them.
+        let cuts: HashMap<String, i64> = [("a".to_string(), i64::MAX), ("b".to_string(), 1)].into();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        let mut settled = read_tail(bytes, &cuts, SettledOffsets::new(), &tx)
+            .unwrap()
+            .unwrap();
+        drop(tx);
+        settled.sort();
+        // The largest offset of each partition's rows before their cut.
+        let t = |p: i32, o: i64| (("t".to_string(), p), o);
+        assert_eq!(settled, vec![t(0, 6), t(2, 4)]);
+        let mut sent = Vec::new();
+        while let Ok(batch) = rx.try_recv() {
+            let ids = batch.column_by_name("event_id").unwrap().as_string::<i32>();
+            sent.extend(ids.iter().map(|id| id.unwrap().to_string()));
+        }
+        assert_eq!(sent, ["e-1", "e-5", "e-6"]);
+    }
+
     /// A lake of one `lease_events` file, one row group: lease `a` at
     /// offsets 0 and 1000 of partition 0, `b` at 0 and 5 of partition 1;
     /// then their grants stored with a cut after those events and the
