@@ -36,10 +36,10 @@
 //! lease's cut has no row to audit if every lease in it has a cut: of such
 //! a file only the dictionaries of lease ids and topics are read (each
 //! row group's dictionary page alone, when its data pages only index
-//! it), and the Kafka positions are taken from the row groups' statistics (an upper
-//! bound, checked against the recorded positions like the rows' own
-//! offsets, and read row by row if it does not pass), two files at a
-//! time, before the others ([`before_cuts`]).
+//! it), and the Kafka positions are taken from the row groups'
+//! statistics (an upper bound, checked against the recorded positions
+//! like the rows' own offsets, and read row by row if it does not pass),
+//! two files at a time, before the others ([`before_cuts`]).
 //! Once the stored rows reach a few minutes behind the newest events,
 //! that is most of the lake.
 //!
@@ -417,10 +417,15 @@ fn before_cuts(
     // With the offsets from statistics, only the lease ids and the topic
     // are left to read: from the dictionary pages alone when those hold
     // every value of their row group, and no row is decoded.
-    let dictionaries = match ranges {
-        Some(_) => file
-            .dictionary_values(&footer, "lease_id")?
-            .zip(file.dictionary_values(&footer, "kafka_topic")?),
+    let ids = match ranges {
+        Some(_) => file.dictionary_values(&footer, "lease_id")?,
+        None => None,
+    };
+    // The topics' pages are read only when the lease ids' could be.
+    let dictionaries = match ids {
+        Some(ids) => file
+            .dictionary_values(&footer, "kafka_topic")?
+            .map(|topics| (ids, topics)),
         None => None,
     };
     if let Some((ids, topics)) = &dictionaries {
