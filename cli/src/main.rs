@@ -46,7 +46,7 @@ use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use leaseline_ingest::import::{import, ImportInput};
-use leaseline_ingest::{kafka, CompactionConfig};
+use leaseline_ingest::kafka;
 use leaseline_lake::{CompactionPolicy, Lake, Table};
 use leaseline_query::QueryEngine;
 use tokio_util::sync::CancellationToken;
@@ -903,7 +903,7 @@ async fn run(
                 let (files, rows) = lake.expire(first).await?;
                 println!("removed {rows} rows in {files} files of the days before {first}");
             }
-            let report = lake.compact(&policy(&cfg.compaction)).await?;
+            let report = lake.compact(&policy(&cfg)).await?;
             let deleted = lake.vacuum(cfg.compaction.retention).await?;
             println!(
                 "merged {} files into {} ({} rows); deleted {} replaced or orphaned files",
@@ -926,9 +926,13 @@ async fn run(
     }
 }
 
-fn policy(c: &CompactionConfig) -> CompactionPolicy {
+/// Compaction's settings: a `lease_events` file waits for the cuts of
+/// the stored audit rows for three audit windows, as the cuts trail the
+/// newest events by about one and a half ([`Lake::compact`]).
+fn policy(cfg: &Config) -> CompactionPolicy {
     CompactionPolicy {
-        target_file_bytes: c.target_file_bytes.as_u64(),
+        target_file_bytes: cfg.compaction.target_file_bytes.as_u64(),
+        unsettled_wait: cfg.audit.event_window.saturating_mul(3),
         ..CompactionPolicy::default()
     }
 }
@@ -980,6 +984,7 @@ pub(crate) async fn ingest_until(
     let compactor = cfg.compaction.enabled.then(|| {
         let lake = lake.clone();
         let c = cfg.compaction.clone();
+        let policy = policy(cfg);
         let stop = stop.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(c.interval);
@@ -994,7 +999,7 @@ pub(crate) async fn ingest_until(
                         error!(error = %e, "removing expired days failed; will retry");
                     }
                 }
-                if let Err(e) = lake.compact(&policy(&c)).await {
+                if let Err(e) = lake.compact(&policy).await {
                     error!(error = %e, "compaction failed; will retry");
                 }
                 if let Err(e) = lake.vacuum(c.retention).await {

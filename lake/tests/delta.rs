@@ -445,3 +445,95 @@ async fn superseded_context_rows_are_dropped_and_the_current_ones_kept() {
         (30, 10, 10, None)
     );
 }
+
+/// `lease_events` rows of `(lease, second after 2026-09-14T10:00:00Z)`.
+fn events_at(rows: &[(&str, u32)], first_offset: i64) -> RecordBatch {
+    let mut b = EventBatchBuilder::new();
+    for (i, (lease, second)) in rows.iter().enumerate() {
+        let line = format!(
+            r#"{{"ts":"2026-09-14T10:00:{second:02}Z","kind":"renewed","source":"holder","lease_id":"{lease}","holder_id":"h","fencing_token":1,"event_id":"{lease}-{second}"}}"#
+        );
+        let ev = decode(line.as_bytes()).unwrap();
+        let origin = Origin::Kafka {
+            topic: "t",
+            partition: 0,
+            offset: first_offset + i as i64,
+        };
+        b.append(&ev, &origin, 0);
+    }
+    b.finish()
+}
+
+/// A lake of `lease_events` files of seconds 0-10, 20-30 and 40-50 of
+/// leases `a` and `b`, and one of second 55 of `c`; `a` and `b` stored
+/// with a cut at second 35, within the third file, whose path is returned.
+async fn lake_cut_within_a_file(dir: &std::path::Path) -> (Lake, String) {
+    let lake = Lake::open(dir.to_str().unwrap()).unwrap();
+    let files = [
+        vec![("a", 0), ("b", 10)],
+        vec![("a", 20), ("b", 30)],
+        vec![("a", 40), ("b", 50)],
+        vec![("c", 55)],
+    ];
+    for (i, rows) in files.iter().enumerate() {
+        let base = lake.latest().await.unwrap();
+        let batch = events_at(rows, 10 * i as i64);
+        let change = Change::Append {
+            files: lake.write(Table::LeaseEvents, &batch).await.unwrap(),
+            kafka: vec![range(10 * i as i64, 10 * i as i64 + 2)],
+            reject_kafka: vec![],
+        };
+        lake.commit(&base, &change).await.unwrap();
+    }
+    let m = lake.latest().await.unwrap();
+    let third = m.files_of(Table::LeaseEvents).nth(2).unwrap().path.clone();
+    let cut = 1_789_380_035_000_000;
+    let add = lake
+        .write(
+            Table::LeaseTimeline,
+            &grants(&[("a", 1, cut), ("b", 1, cut)]),
+        )
+        .await
+        .unwrap();
+    commit_settle(&lake, &m, add, vec![]).await;
+    (lake, third)
+}
+
+#[tokio::test]
+async fn compaction_leaves_the_files_after_their_leases_cuts_until_the_cuts_pass_them() {
+    let waiting = |wait: Duration| leaseline_lake::CompactionPolicy {
+        unsettled_wait: wait,
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (lake, third) = lake_cut_within_a_file(dir.path()).await;
+    // The files before the cuts, and the one of `c` (no cut holds it),
+    // are merged; the one the cuts fall within is left.
+    let report = lake
+        .compact(&waiting(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!((report.merged_files, report.rows), (3, 5));
+    let m = lake.latest().await.unwrap();
+    let left: Vec<_> = m
+        .files_of(Table::LeaseEvents)
+        .map(|f| f.path.clone())
+        .collect();
+    assert_eq!(left.len(), 2);
+    assert!(left.contains(&third));
+    // Without a wait, it is merged.
+    let report = lake.compact(&waiting(Duration::ZERO)).await.unwrap();
+    assert_eq!((report.merged_files, report.rows), (2, 7));
+
+    // The wait is counted back from the newest event (second 55): four
+    // seconds leave the third file (up to second 50) nothing to wait for.
+    let dir = tempfile::tempdir().unwrap();
+    let (lake, _) = lake_cut_within_a_file(dir.path()).await;
+    let report = lake
+        .compact(&waiting(Duration::from_secs(4)))
+        .await
+        .unwrap();
+    assert_eq!((report.merged_files, report.rows), (4, 7));
+    let m = lake.latest().await.unwrap();
+    assert_eq!(m.files_of(Table::LeaseEvents).count(), 1);
+}

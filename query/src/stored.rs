@@ -32,14 +32,22 @@
 //! looked up once);
 //! only the rows from their lease's cut on are then decoded (a Parquet row
 //! selection), on a blocking thread while the audit takes the rows already
-//! read. A file whose newest event (the manifest says) is older than every
-//! lease's cut has no row to audit if every lease in it has a cut: of such
-//! a file only the dictionaries of lease ids and topics are read (each
-//! row group's dictionary page alone, when its data pages only index
-//! it), and the Kafka positions are taken from the row groups'
-//! statistics (an upper bound, checked against the recorded positions
-//! like the rows' own offsets, and read row by row if it does not pass),
-//! two files at a time, before the others ([`before_cuts`]).
+//! read. A file whose newest event (the manifest says) is older than each
+//! of its leases' cuts has no row to audit: of such a file only the
+//! dictionaries of lease ids and topics are read (each row group's
+//! dictionary page alone, when its data pages only index it), two files
+//! at a time, before the others ([`before_cuts`]). Which leases a file
+//! holds is known only from those dictionaries, so a file older than every
+//! cut is checked this way, and so is one between the oldest and newest
+//! cuts: a lease that went quiet keeps its cut before its last grant, and
+//! the oldest cut with it, but has no row in the files after. Of a file
+//! older than every cut the Kafka positions are taken from the row
+//! groups' statistics (an upper bound, checked against the recorded
+//! positions like the rows' own offsets, and read row by row if it does
+//! not pass); of a file between the cuts, too recent for a bound to be
+//! far below the recorded positions, they are read. Compaction keeps the
+//! files that the cuts fall within as ingest wrote them, a few seconds
+//! each, until the cuts pass them (`Lake::compact`).
 //! Once the stored rows reach a few minutes behind the newest events,
 //! that is most of the lake.
 //!
@@ -104,16 +112,31 @@ pub(crate) async fn from_stored(
     let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(BATCHES_AHEAD);
     let store = lake.store().clone();
     let oldest_cut = cuts.values().copied().min().unwrap_or(i64::MIN);
-    let (before, tail): (Vec<_>, Vec<_>) = m
-        .files_of(Table::LeaseEvents)
-        .map(|f| (f.path.clone(), f.max_ts_us, f.rows))
-        .partition(|(_, max_ts, _)| *max_ts < oldest_cut);
-    let files_before = before.len();
-    // At most these rows are audited, most of them in leases with a cut.
-    let rows = tail
+    let newest_cut = cuts.values().copied().max().unwrap_or(i64::MIN);
+    // A file older than every cut is before its leases' cuts, if each has
+    // one; a file no cut is past has rows to audit; a file between may be
+    // before its own leases' cuts (a lease that went quiet long ago holds
+    // the oldest cut back, but has no row in the newer files).
+    let (mut before, mut tail, mut between) = (Vec::new(), Vec::new(), Vec::new());
+    for f in m.files_of(Table::LeaseEvents) {
+        let file = (f.path.clone(), f.max_ts_us, f.rows);
+        match f.max_ts_us {
+            t if t < oldest_cut => before.push(file),
+            t if t >= newest_cut => tail.push(file),
+            _ => between.push(file),
+        }
+    }
+    // At most these rows are audited, most of them in leases with a cut;
+    // no more than the audit may hold, since after a quiet lease's cut
+    // every file is between and most are before their own leases' cuts.
+    let mut rows = tail
         .iter()
+        .chain(&between)
         .map(|(_, _, rows)| *rows as usize)
         .sum::<usize>();
+    if config.max_events_held > 0 {
+        rows = rows.min(config.max_events_held);
+    }
     auditor.reserve(rows, rows / cuts.len().max(1));
     // The leases' context goes to the auditor beside the events, decoded
     // on a thread of its own: most of it while the files before every cut
@@ -143,16 +166,24 @@ pub(crate) async fn from_stored(
         // before every cut, and of the others.
         let mut found_before = Vec::new();
         let mut settled = SettledOffsets::new();
-        // Files wholly before every lease's cut hold nothing to audit but
-        // the rows of a lease without a cut; both cores check them.
-        let checked = futures::stream::iter(before.into_iter().map(|(path, _, _)| {
+        // Files wholly before their leases' cuts hold nothing to audit but
+        // the rows of a lease without a cut; both cores check them. Of a
+        // file between the cuts the offsets are read, not bounded from
+        // statistics: it is too recent for a bound to be far below the
+        // recorded positions.
+        let candidates = before
+            .into_iter()
+            .map(|f| (f, true))
+            .chain(between.into_iter().map(|f| (f, false)));
+        let checked = futures::stream::iter(candidates.map(|((path, newest, _), sure)| {
             let (store, cuts) = (store.clone(), reader_cuts.clone());
             async move {
                 let file = Source::of(&store, &path).await?;
-                let found = tokio::task::spawn_blocking(move || before_cuts(&file, &cuts, true))
-                    .await
-                    .map_err(joined)??;
-                Ok::<_, QueryError>((path, found))
+                let found =
+                    tokio::task::spawn_blocking(move || before_cuts(&file, &cuts, newest, sure))
+                        .await
+                        .map_err(joined)??;
+                Ok::<_, QueryError>((path, newest, found))
             }
         }))
         .buffer_unordered(2);
@@ -160,8 +191,10 @@ pub(crate) async fn from_stored(
         let mut unsure = Vec::new();
         while let Some(checked) = checked.next().await {
             match checked? {
-                (path, Some((found, bound))) => found_before.push((path, found, bound)),
-                (path, None) => unsure.push(path),
+                (path, newest, Some((found, bound))) => {
+                    found_before.push((path, newest, found, bound))
+                }
+                (path, _, None) => unsure.push(path),
             }
         }
         let checked_at = std::time::Instant::now();
@@ -196,13 +229,14 @@ pub(crate) async fn from_stored(
     let events_read = started.elapsed();
     context.await.map_err(joined)??;
     let mut settled = tail_settled.clone();
-    for (_, found, _) in &found_before {
+    let files_before = found_before.len();
+    for (_, _, found, _) in &found_before {
         merge_settled(&mut settled, found.clone());
     }
     let mut accounted = accounted_for(lake, m, &settled).await?;
     // Offsets from statistics are upper bounds, which may not show what the
     // rows themselves would: those files are read again, row by row.
-    if accounted == Some(false) && found_before.iter().any(|(_, _, bound)| *bound) {
+    if accounted == Some(false) && found_before.iter().any(|(_, _, _, bound)| *bound) {
         let Some(exact) = exact_offsets(lake, &cuts, found_before, tail_settled).await? else {
             return Ok(None);
         };
@@ -230,8 +264,8 @@ pub(crate) async fn from_stored(
     debug!(
         leases = cuts.len(),
         events = auditor.len(),
-        files_before_every_cut = files_before,
-        before_every_cut_ms = (checked_at - started - cuts_read).as_millis(),
+        files_before_cuts = files_before,
+        before_cuts_ms = (checked_at - started - cuts_read).as_millis(),
         cuts_ms = cuts_read.as_millis(),
         events_ms = (events_read - cuts_read).as_millis(),
         resume_ms = (resumed - events_read).as_millis(),
@@ -296,17 +330,18 @@ type SettledOffsets = Vec<((String, i32), i64)>;
 async fn exact_offsets(
     lake: &Lake,
     cuts: &Arc<HashMap<String, i64>>,
-    found: Vec<(String, SettledOffsets, bool)>,
+    found: Vec<(String, i64, SettledOffsets, bool)>,
     mut settled: SettledOffsets,
 ) -> Result<Option<SettledOffsets>> {
-    for (path, offsets, bound) in found {
+    for (path, newest, offsets, bound) in found {
         let offsets = match bound {
             false => offsets,
             true => {
                 let (file, cuts) = (Source::of(lake.store(), &path).await?, cuts.clone());
-                let exact = tokio::task::spawn_blocking(move || before_cuts(&file, &cuts, false))
-                    .await
-                    .map_err(joined)??;
+                let exact =
+                    tokio::task::spawn_blocking(move || before_cuts(&file, &cuts, newest, false))
+                        .await
+                        .map_err(joined)??;
                 match exact {
                     Some((offsets, _)) => offsets,
                     None => return Ok(None),
@@ -366,12 +401,13 @@ fn read_tail(
     Ok(Some(settled))
 }
 
-/// Of a `lease_events` file whose every row is before [the oldest cut],
-/// the largest Kafka offset of each partition's rows; `None` when a row
-/// might be audited after all or accounted for by nothing: a lease without
-/// a cut, no Kafka position, rows of more than one topic (the caller then
-/// reads the file row by row, [`read_tail`]). Reads no time and decodes
-/// each batch's lease ids once, as a dictionary.
+/// Of a `lease_events` file whose newest row is at `newest`, the largest
+/// Kafka offset of each partition's rows when each of its leases has a
+/// cut after `newest` (every row is before its lease's cut); `None` when
+/// a row might be audited after all or accounted for by nothing: a lease
+/// without such a cut, no Kafka position, rows of more than one topic
+/// (the caller then reads the file row by row, [`read_tail`]). Reads no
+/// time and decodes each batch's lease ids once, as a dictionary.
 ///
 /// With `from_statistics`, the partitions and offsets are taken from each
 /// row group's statistics when it has them, without decoding them (the
@@ -384,12 +420,13 @@ fn read_tail(
 /// then come from the row groups' dictionary pages when those hold every
 /// value ([`parquet_io::dictionary_values`]), and no row is decoded.
 ///
-/// [the oldest cut]: from_stored
 fn before_cuts(
     file: &Source,
     cuts: &HashMap<String, i64>,
+    newest: i64,
     from_statistics: bool,
 ) -> Result<Option<(SettledOffsets, bool)>> {
+    let settled = |lease: &str| cuts.get(lease).is_some_and(|&cut| cut > newest);
     const COLUMNS: [&str; 4] = ["lease_id", "kafka_topic", "kafka_partition", "kafka_offset"];
     // Partitions index a vector: a number past this is no Kafka partition
     // the reader expects, and is left to the row-by-row reading.
@@ -414,13 +451,15 @@ fn before_cuts(
         }
         largest[p] = largest[p].max(o);
     };
-    // With the offsets from statistics, only the lease ids and the topic
-    // are left to read: from the dictionary pages alone when those hold
-    // every value of their row group, and no row is decoded.
-    let ids = match ranges {
-        Some(_) => file.dictionary_values(&footer, "lease_id")?,
-        None => None,
-    };
+    // A file with a lease not settled past `newest` fails on its lease
+    // ids' dictionary pages, when those hold every value, before any row
+    // is decoded. With the offsets from statistics, only the topic is
+    // left to read then, from its dictionary pages too.
+    let ids = file.dictionary_values(&footer, "lease_id")?;
+    if ids.iter().flatten().flatten().any(|lease| !settled(lease)) {
+        return Ok(None);
+    }
+    let ids = ids.filter(|_| ranges.is_some());
     // The topics' pages are read only when the lease ids' could be.
     let dictionaries = match ids {
         Some(ids) => file
@@ -428,10 +467,7 @@ fn before_cuts(
             .map(|topics| (ids, topics)),
         None => None,
     };
-    if let Some((ids, topics)) = &dictionaries {
-        if !ids.iter().flatten().all(|n| cuts.contains_key(n)) {
-            return Ok(None);
-        }
+    if let Some((_, topics)) = &dictionaries {
         for name in topics.iter().flatten() {
             if topic.get_or_insert_with(|| name.clone()) != name {
                 return Ok(None);
@@ -465,7 +501,7 @@ fn before_cuts(
             .is_some_and(|c| Arc::ptr_eq(c, ids.values()))
         {
             let names = ids.values().as_string::<i32>();
-            if names.null_count() > 0 || !names.iter().flatten().all(|n| cuts.contains_key(n)) {
+            if names.null_count() > 0 || !names.iter().flatten().all(settled) {
                 return Ok(None);
             }
             checked = Some(ids.values().clone());
@@ -731,16 +767,40 @@ mod tests {
             (found, bound)
         };
         let t = |p: i32, o: i64| (("t".to_string(), p), o);
-        let rows = before_cuts(&f, &leases, false).unwrap().unwrap();
+        let rows = before_cuts(&f, &leases, 0, false).unwrap().unwrap();
         assert_eq!(sorted(rows), (vec![t(0, 9), t(1, 3), t(2, 1)], false));
         // From statistics, a row group of three partitions gives its largest
         // offset to each, and says it is a bound.
-        let stats = before_cuts(&f, &leases, true).unwrap().unwrap();
+        let stats = before_cuts(&f, &leases, 0, true).unwrap().unwrap();
         assert_eq!(sorted(stats), (vec![t(0, 9), t(1, 9), t(2, 9)], true));
         // Of one partition, the statistics are exact.
         let f = file(&[("a", "t", 4, 7), ("b", "t", 4, 12), ("c", "t", 4, 2)]);
-        let stats = before_cuts(&f, &leases, true).unwrap().unwrap();
+        let stats = before_cuts(&f, &leases, 0, true).unwrap().unwrap();
         assert_eq!(stats, (vec![t(4, 12)], false));
+    }
+
+    #[test]
+    fn a_file_is_before_its_own_leases_cuts_whatever_the_oldest_cut() {
+        // Rows at 2026-09-14T10:00:00Z; `z`, quiet since long before, holds
+        // the oldest cut back and has no row in the file.
+        let newest = 1_789_380_000_000_000;
+        let f = file(&[("a", "t", 0, 7), ("b", "t", 0, 9)]);
+        let mut cuts: HashMap<String, i64> = [("a", newest + 1), ("b", newest + 5), ("z", 1)]
+            .map(|(l, c)| (l.to_string(), c))
+            .into();
+        let t = |p: i32, o: i64| (("t".to_string(), p), o);
+        for from_statistics in [false, true] {
+            let found = before_cuts(&f, &cuts, newest, from_statistics).unwrap();
+            assert_eq!(found, Some((vec![t(0, 9)], false)));
+        }
+        // A cut at the file's newest event leaves a row to audit.
+        cuts.insert("b".into(), newest);
+        for from_statistics in [false, true] {
+            assert_eq!(
+                before_cuts(&f, &cuts, newest, from_statistics).unwrap(),
+                None
+            );
+        }
     }
 
     #[test]
@@ -881,7 +941,7 @@ mod tests {
     #[test]
     fn a_lease_without_a_cut_or_a_second_topic_is_left_to_the_rows() {
         for from_statistics in [false, true] {
-            let check = |f: &Source| before_cuts(f, &cuts(&["a"]), from_statistics).unwrap();
+            let check = |f: &Source| before_cuts(f, &cuts(&["a"]), 0, from_statistics).unwrap();
             assert_eq!(check(&file(&[("a", "t", 0, 7), ("new", "t", 0, 8)])), None);
             assert_eq!(check(&file(&[("a", "t", 0, 7), ("a", "u", 0, 8)])), None);
             assert_eq!(check(&file(&[("a", "t", 0, 7), ("a", "", 0, 0)])), None);

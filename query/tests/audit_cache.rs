@@ -25,6 +25,7 @@ async fn compact_all(lake: &Lake) -> leaseline_lake::CompactionReport {
     lake.compact(&CompactionPolicy {
         target_file_bytes: 1 << 30,
         max_inputs: 100,
+        unsettled_wait: std::time::Duration::ZERO,
     })
     .await
     .unwrap()
