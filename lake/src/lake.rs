@@ -831,11 +831,13 @@ impl Lake {
             if f.max_ts_us < oldest {
                 continue;
             }
-            let (bytes, cuts, newest_here) =
-                (self.store.get(&f.path).await?, cuts.clone(), f.max_ts_us);
+            // Of a local file only the footer and dictionary pages are
+            // read: a file may wait through many passes.
+            let file = parquet_io::Source::of(&self.store, &f.path).await?;
+            let (cuts, newest_here) = (cuts.clone(), f.max_ts_us);
             let held = tokio::task::spawn_blocking(move || {
                 Ok::<_, LakeError>(
-                    lease_ids(bytes)?
+                    lease_ids(&file)?
                         .iter()
                         .any(|id| cuts.get(id).is_some_and(|&cut| cut <= newest_here)),
                 )
@@ -985,13 +987,13 @@ impl Lake {
 
 /// The distinct lease ids of a `lease_events` file: from its dictionary
 /// pages when those hold every value, else from its rows.
-fn lease_ids(bytes: bytes::Bytes) -> Result<HashSet<String>> {
-    let meta = parquet_io::footer(&bytes)?;
-    if let Some(groups) = parquet_io::dictionary_values(bytes.clone(), &meta, "lease_id")? {
+fn lease_ids(file: &parquet_io::Source) -> Result<HashSet<String>> {
+    let meta = file.footer()?;
+    if let Some(groups) = file.dictionary_values(&meta, "lease_id")? {
         return Ok(groups.into_iter().flatten().collect());
     }
     let mut ids = HashSet::new();
-    for batch in parquet_io::dictionary_reader_with(bytes, &meta, &["lease_id"], &["lease_id"])? {
+    for batch in file.dictionary_reader(&meta, &["lease_id"], &["lease_id"])? {
         let batch = batch?;
         let column = batch.column(0);
         // Another writer's file may hold plain strings; of another type

@@ -597,3 +597,76 @@ impl parquet::arrow::async_reader::AsyncFileReader for RangeReader {
         .boxed()
     }
 }
+
+/// A Parquet file of the lake to read a few columns or dictionary pages
+/// of: in a local lake the file itself, of which only those chunks are
+/// read; otherwise its bytes, fetched whole. (A file whose rows are read
+/// by selection is better fetched whole even when local: the selected
+/// rows are read page by page, which costs more from a file.)
+pub enum Source {
+    Local(std::path::PathBuf),
+    Fetched(bytes::Bytes),
+}
+
+/// Record batches of a [`Source`].
+pub type Batches = Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send>;
+
+impl Source {
+    /// The file at `path` of `store`'s lake.
+    pub async fn of(store: &LakeStore, path: &str) -> Result<Source> {
+        Ok(match store.local_root() {
+            Some(root) => Source::Local(root.join(path)),
+            None => Source::Fetched(store.get(path).await?),
+        })
+    }
+
+    fn open(path: &std::path::Path) -> Result<std::fs::File> {
+        std::fs::File::open(path).map_err(|e| {
+            let named = format!("{}: {e}", path.display());
+            crate::error::LakeError::Io(std::io::Error::new(e.kind(), named))
+        })
+    }
+
+    /// The file's footer ([`footer`]).
+    pub fn footer(&self) -> Result<Footer> {
+        Ok(match self {
+            Source::Local(p) => footer(&Source::open(p)?)?,
+            Source::Fetched(b) => footer(b)?,
+        })
+    }
+
+    /// [`dictionary_values`] of the file.
+    pub fn dictionary_values(
+        &self,
+        meta: &Footer,
+        column: &str,
+    ) -> Result<Option<Vec<Vec<String>>>> {
+        Ok(match self {
+            Source::Local(p) => dictionary_values(Source::open(p)?, meta, column)?,
+            Source::Fetched(b) => dictionary_values(b.clone(), meta, column)?,
+        })
+    }
+
+    /// [`dictionary_reader_with`] of the file.
+    pub fn dictionary_reader(
+        &self,
+        meta: &Footer,
+        columns: &[&str],
+        dictionary: &[&str],
+    ) -> Result<Batches> {
+        Ok(match self {
+            Source::Local(p) => Box::new(dictionary_reader_with(
+                Source::open(p)?,
+                meta,
+                columns,
+                dictionary,
+            )?),
+            Source::Fetched(b) => Box::new(dictionary_reader_with(
+                b.clone(),
+                meta,
+                columns,
+                dictionary,
+            )?),
+        })
+    }
+}

@@ -62,7 +62,8 @@ use arrow::array::{Array, AsArray, DictionaryArray, RecordBatch};
 use arrow::datatypes::{DataType, Int32Type, Int64Type, TimestampMicrosecondType};
 use futures::StreamExt;
 use leaseline_audit::{AuditConfig, Auditor, StoredFiles};
-use leaseline_lake::{parquet_io, Lake, LakeError, Manifest, Table};
+use leaseline_lake::parquet_io::{self, Batches, Source};
+use leaseline_lake::{Lake, LakeError, Manifest, Table};
 use leaseline_schema::{EventColumns, SETTLED_BEFORE};
 
 use tracing::debug;
@@ -459,22 +460,19 @@ fn before_cuts(
     if ids.iter().flatten().flatten().any(|lease| !settled(lease)) {
         return Ok(None);
     }
-    let ids = ids.filter(|_| ranges.is_some());
     // The topics' pages are read only when the lease ids' could be.
-    let dictionaries = match ids {
-        Some(ids) => file
-            .dictionary_values(&footer, "kafka_topic")?
-            .map(|topics| (ids, topics)),
-        None => None,
+    let topics = match ids.is_some() && ranges.is_some() {
+        true => file.dictionary_values(&footer, "kafka_topic")?,
+        false => None,
     };
-    if let Some((_, topics)) = &dictionaries {
+    if let Some(topics) = &topics {
         for name in topics.iter().flatten() {
             if topic.get_or_insert_with(|| name.clone()) != name {
                 return Ok(None);
             }
         }
     }
-    let batches: Batches = match dictionaries {
+    let batches: Batches = match topics {
         Some(_) => Box::new(std::iter::empty()),
         None => file.dictionary_reader(&footer, columns, &DICTIONARY)?,
     };
@@ -546,74 +544,6 @@ fn before_cuts(
         .map(|(p, o)| ((topic.clone(), p as i32), o))
         .collect();
     Ok(Some((found, bound)))
-}
-
-/// A `lease_events` file older than every cut, to decode a few columns
-/// of: in a local lake the file itself, of which only those columns'
-/// chunks are read; otherwise its bytes, fetched whole. (The files after
-/// the oldest cut are fetched whole even when local: the rows selected
-/// from them are read page by page, which costs more from a file.)
-enum Source {
-    Local(std::path::PathBuf),
-    Fetched(bytes::Bytes),
-}
-
-type Batches = Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send>;
-
-impl Source {
-    async fn of(store: &leaseline_lake::LakeStore, path: &str) -> Result<Source> {
-        Ok(match store.local_root() {
-            Some(root) => Source::Local(root.join(path)),
-            None => Source::Fetched(store.get(path).await?),
-        })
-    }
-
-    fn open(path: &std::path::Path) -> Result<std::fs::File> {
-        std::fs::File::open(path).map_err(|e| {
-            let named = format!("{}: {e}", path.display());
-            LakeError::Io(std::io::Error::new(e.kind(), named)).into()
-        })
-    }
-
-    fn footer(&self) -> Result<parquet_io::Footer> {
-        Ok(match self {
-            Source::Local(p) => parquet_io::footer(&Source::open(p)?)?,
-            Source::Fetched(b) => parquet_io::footer(b)?,
-        })
-    }
-
-    fn dictionary_values(
-        &self,
-        footer: &parquet_io::Footer,
-        column: &str,
-    ) -> Result<Option<Vec<Vec<String>>>> {
-        Ok(match self {
-            Source::Local(p) => parquet_io::dictionary_values(Source::open(p)?, footer, column)?,
-            Source::Fetched(b) => parquet_io::dictionary_values(b.clone(), footer, column)?,
-        })
-    }
-
-    fn dictionary_reader(
-        &self,
-        footer: &parquet_io::Footer,
-        columns: &[&str],
-        dictionary: &[&str],
-    ) -> Result<Batches> {
-        Ok(match self {
-            Source::Local(p) => Box::new(parquet_io::dictionary_reader_with(
-                Source::open(p)?,
-                footer,
-                columns,
-                dictionary,
-            )?),
-            Source::Fetched(b) => Box::new(parquet_io::dictionary_reader_with(
-                b.clone(),
-                footer,
-                columns,
-                dictionary,
-            )?),
-        })
-    }
 }
 
 /// Takes the offsets of `found` into `settled`, the largest of each
