@@ -31,12 +31,13 @@
 //! (the strings as dictionaries, so each distinct lease id of a batch is
 //! looked up once);
 //! only the rows from their lease's cut on are then decoded (a Parquet row
-//! selection), on a blocking thread while the audit takes the rows already
-//! read. A file whose newest event (the manifest says) is older than each
-//! of its leases' cuts has no row to audit: of such a file only the
-//! dictionaries of lease ids and topics are read (each row group's
-//! dictionary page alone, when its data pages only index it), two files
-//! at a time, before the others ([`before_cuts`]). Which leases a file
+//! selection), on blocking threads, two files at a time, while the audit
+//! takes the rows already read. A file whose newest event (the manifest
+//! says) is older than each of its leases' cuts has no row to audit: of
+//! such a file only the dictionaries of lease ids and topics are read
+//! (each row group's dictionary page alone, when its data pages only index
+//! it), in the same pool of two, between the reads of the files no cut
+//! is past ([`before_cuts`]). Which leases a file
 //! holds is known only from those dictionaries, so a file older than every
 //! cut is checked this way, and so is one between the oldest and newest
 //! cuts: a lease that went quiet keeps its cut before its last grant, and
@@ -167,60 +168,50 @@ pub(crate) async fn from_stored(
         // before every cut, and of the others.
         let mut found_before = Vec::new();
         let mut settled = SettledOffsets::new();
-        // Files wholly before their leases' cuts hold nothing to audit but
-        // the rows of a lease without a cut; both cores check them. Of a
-        // file between the cuts the offsets are read, not bounded from
-        // statistics: it is too recent for a bound to be far below the
-        // recorded positions.
-        let candidates = before
+        // Two jobs at a time, whatever their kind, beside the auditor. The
+        // auditor takes rows more slowly than two threads read them, so the
+        // files wholly before their leases' cuts (which hold nothing to
+        // audit but the rows of a lease without a cut) are checked between
+        // the reads of the files no cut is past, while it catches up: a
+        // read comes first, so that it has rows from the start, and one
+        // comes last, so that it is not left waiting while checks finish.
+        // Of a file between the cuts the offsets are read, not bounded
+        // from statistics: it is too recent for a bound to be far below
+        // the recorded positions. Rows reach the auditor in any order, and
+        // each job's offsets are merged.
+        let checks = before
             .into_iter()
-            .map(|f| (f, true))
-            .chain(between.into_iter().map(|f| (f, false)));
-        let checked = futures::stream::iter(candidates.map(|((path, newest, _), sure)| {
-            let (store, cuts) = (store.clone(), reader_cuts.clone());
-            async move {
-                let file = Source::of(&store, &path).await?;
-                let found =
-                    tokio::task::spawn_blocking(move || before_cuts(&file, &cuts, newest, sure))
-                        .await
-                        .map_err(joined)??;
-                Ok::<_, QueryError>((path, newest, found))
-            }
-        }))
-        .buffer_unordered(2);
-        futures::pin_mut!(checked);
-        let mut unsure = Vec::new();
-        while let Some(checked) = checked.next().await {
-            match checked? {
-                (path, newest, Some((found, bound))) => {
+            .map(|f| Job::Check(f, true))
+            .chain(between.into_iter().map(|f| Job::Check(f, false)));
+        let reads = tail.into_iter().map(|(path, _, _)| Job::Read(path));
+        let jobs = interleave(reads.collect(), checks.collect());
+        let run = |job: Job| {
+            let (store, cuts, tx) = (store.clone(), reader_cuts.clone(), tx.clone());
+            async move { job.run(&store, cuts, tx).await }
+        };
+        let done = futures::stream::iter(jobs.into_iter().map(run)).buffer_unordered(2);
+        futures::pin_mut!(done);
+        let mut read = 0;
+        while let Some(done) = done.next().await {
+            match done? {
+                Done::Read(Ok(found)) => {
+                    read += 1;
+                    merge_settled(&mut settled, found)
+                }
+                Done::Read(Err(path)) => return Ok::<_, QueryError>(Err(path)),
+                Done::Checked(path, newest, found, bound) => {
                     found_before.push((path, newest, found, bound))
                 }
-                (path, _, None) => unsure.push(path),
             }
         }
-        let checked_at = std::time::Instant::now();
-        let files = unsure
-            .into_iter()
-            .chain(tail.into_iter().map(|(path, _, _)| path));
-        for path in files {
-            let bytes = store.get(&path).await?;
-            let (tx, cuts) = (tx.clone(), reader_cuts.clone());
-            let found = tokio::task::spawn_blocking(move || read_tail(bytes, &cuts, settled, &tx))
-                .await
-                .map_err(joined)??;
-            let Some(found) = found else {
-                return Ok::<_, QueryError>(Err(path));
-            };
-            settled = found;
-        }
-        Ok(Ok((found_before, settled, checked_at)))
+        Ok(Ok((found_before, settled, read)))
     });
     // Lake rows hold each `event_id` once, and a lease's context is
     // before its cut while its other rows read are not: no id repeats.
     while let Some(batch) = rx.recv().await {
         push_lake_batch(&mut auditor, &batch)?;
     }
-    let (found_before, tail_settled, checked_at) = match reader.await.map_err(joined)?? {
+    let (found_before, tail_settled, files_read) = match reader.await.map_err(joined)?? {
         Ok(read) => read,
         Err(path) => {
             debug!(file = %path, "an event before its lease's cut has no Kafka position; auditing every event");
@@ -266,7 +257,7 @@ pub(crate) async fn from_stored(
         leases = cuts.len(),
         events = auditor.len(),
         files_before_cuts = files_before,
-        before_cuts_ms = (checked_at - started - cuts_read).as_millis(),
+        files_read,
         cuts_ms = cuts_read.as_millis(),
         events_ms = (events_read - cuts_read).as_millis(),
         resume_ms = (resumed - events_read).as_millis(),
@@ -325,6 +316,78 @@ fn current_context(
 /// cut, by `(topic, partition)`; partitions are few.
 type SettledOffsets = Vec<((String, i32), i64)>;
 
+/// `checks` spread evenly between the first and the last of `reads`.
+fn interleave<T>(reads: Vec<T>, checks: Vec<T>) -> Vec<T> {
+    let (c, span) = (checks.len(), reads.len().saturating_sub(1));
+    // Read i at i·(c+1) and check k at (k+1)·span: the checks fall
+    // strictly between the first read, at 0, and the last, at span·(c+1);
+    // a tie (one read or none) goes to the read.
+    let mut jobs: Vec<(usize, u8, T)> = reads
+        .into_iter()
+        .enumerate()
+        .map(|(i, j)| (i * (c + 1), 0, j))
+        .chain(
+            checks
+                .into_iter()
+                .enumerate()
+                .map(|(k, j)| ((k + 1) * span, 1, j)),
+        )
+        .collect();
+    jobs.sort_by_key(|&(at, kind, _)| (at, kind));
+    jobs.into_iter().map(|(_, _, j)| j).collect()
+}
+
+/// A reader's unit of work on one `lease_events` file.
+enum Job {
+    /// Audit the rows at or after their lease's cut ([`read_tail`]).
+    Read(String),
+    /// See whether the file (path, newest event, rows) is wholly before
+    /// its leases' cuts, its offsets bounded from statistics when `true`
+    /// ([`before_cuts`]); read it as [`Job::Read`] when it is not.
+    Check((String, i64, u64), bool),
+}
+
+enum Done {
+    /// The file's offsets of rows before their cuts, or its path when one
+    /// such row has no Kafka position.
+    Read(std::result::Result<SettledOffsets, String>),
+    /// A file wholly before its leases' cuts: path, newest event, the
+    /// largest offset of each partition and whether those are bounds.
+    Checked(String, i64, SettledOffsets, bool),
+}
+
+impl Job {
+    async fn run(
+        self,
+        store: &leaseline_lake::LakeStore,
+        cuts: Arc<HashMap<String, i64>>,
+        tx: tokio::sync::mpsc::Sender<RecordBatch>,
+    ) -> Result<Done> {
+        let path = match self {
+            Job::Read(path) => path,
+            Job::Check((path, newest, _), sure) => {
+                let file = Source::of(store, &path).await?;
+                let check = cuts.clone();
+                let found =
+                    tokio::task::spawn_blocking(move || before_cuts(&file, &check, newest, sure))
+                        .await
+                        .map_err(joined)??;
+                match found {
+                    Some((found, bound)) => return Ok(Done::Checked(path, newest, found, bound)),
+                    // Read at once, in the check's turn, not after every
+                    // other job, when the auditor may have nothing else.
+                    None => path,
+                }
+            }
+        };
+        let bytes = store.get(&path).await?;
+        let found = tokio::task::spawn_blocking(move || read_tail(bytes, &cuts, &tx))
+            .await
+            .map_err(joined)??;
+        Ok(Done::Read(found.ok_or(path)))
+    }
+}
+
 /// The offsets of the files before every cut read row by row where
 /// `found` holds a bound from statistics, merged with `tail`'s; `None`
 /// when such a file holds a row no stored row can account for.
@@ -374,15 +437,15 @@ async fn accounted_for(
 }
 
 /// Sends the rows of one `lease_events` file that the reader audits (at or
-/// after their lease's cut), and adds the file's other rows to `settled`;
-/// `None` if one of those has no Kafka position.
+/// after their lease's cut), and returns the largest Kafka offset of the
+/// file's other rows in each partition; `None` if one of those has no
+/// Kafka position.
 fn read_tail(
     bytes: bytes::Bytes,
     cuts: &HashMap<String, i64>,
-    mut settled: SettledOffsets,
     tx: &tokio::sync::mpsc::Sender<RecordBatch>,
 ) -> Result<Option<SettledOffsets>> {
-    let mut keep = Vec::new();
+    let (mut settled, mut keep) = (SettledOffsets::new(), Vec::new());
     for batch in parquet_io::dictionary_reader(bytes.clone(), &PLACE, &DICTIONARY)? {
         let batch = batch.map_err(LakeError::from)?;
         if !place(&batch, cuts, &mut settled, &mut keep)? {
@@ -641,6 +704,20 @@ fn place(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn checks_fall_between_the_first_and_the_last_read() {
+        use super::interleave;
+        let spread = |r: usize, c: usize| -> String {
+            interleave(vec!['r'; r], vec!['c'; c]).into_iter().collect()
+        };
+        assert_eq!(spread(3, 2), "rcrcr");
+        assert_eq!(spread(4, 2), "rrcrcr");
+        assert_eq!(spread(3, 5), "rccrcccr");
+        assert_eq!(spread(1, 2), "rcc");
+        assert_eq!(spread(0, 2), "cc");
+        assert_eq!(spread(2, 0), "rr");
+    }
+
     use super::*;
     use leaseline_lake::{Change, KafkaRange};
     use leaseline_schema::{decode, EventBatchBuilder, Origin};
@@ -762,9 +839,7 @@ mod tests {
         // After every event of `a`; `b`'s cut is before all of them.
         let cuts: HashMap<String, i64> = [("a".to_string(), i64::MAX), ("b".to_string(), 1)].into();
         let (tx, mut rx) = tokio::sync::mpsc::channel(16);
-        let mut settled = read_tail(bytes, &cuts, SettledOffsets::new(), &tx)
-            .unwrap()
-            .unwrap();
+        let mut settled = read_tail(bytes, &cuts, &tx).unwrap().unwrap();
         drop(tx);
         settled.sort();
         // The largest offset of each partition's rows before their cut.
