@@ -704,20 +704,6 @@ fn place(
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn checks_fall_between_the_first_and_the_last_read() {
-        use super::interleave;
-        let spread = |r: usize, c: usize| -> String {
-            interleave(vec!['r'; r], vec!['c'; c]).into_iter().collect()
-        };
-        assert_eq!(spread(3, 2), "rcrcr");
-        assert_eq!(spread(4, 2), "rrcrcr");
-        assert_eq!(spread(3, 5), "rccrcccr");
-        assert_eq!(spread(1, 2), "rcc");
-        assert_eq!(spread(0, 2), "cc");
-        assert_eq!(spread(2, 0), "rr");
-    }
-
     use super::*;
     use leaseline_lake::{Change, KafkaRange};
     use leaseline_schema::{decode, EventBatchBuilder, Origin};
@@ -951,5 +937,18 @@ mod tests {
             assert_eq!(check(&file(&[("a", "t", 0, 7), ("a", "u", 0, 8)])), None);
             assert_eq!(check(&file(&[("a", "t", 0, 7), ("a", "", 0, 0)])), None);
         }
+    }
+
+    #[test]
+    fn checks_fall_between_the_first_and_the_last_read() {
+        let spread = |r: usize, c: usize| -> String {
+            interleave(vec!['r'; r], vec!['c'; c]).into_iter().collect()
+        };
+        assert_eq!(spread(3, 2), "rcrcr");
+        assert_eq!(spread(4, 2), "rrcrcr");
+        assert_eq!(spread(3, 5), "rccrcccr");
+        assert_eq!(spread(1, 2), "rcc");
+        assert_eq!(spread(0, 2), "cc");
+        assert_eq!(spread(2, 0), "rr");
     }
 }
