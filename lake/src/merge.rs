@@ -2,8 +2,9 @@
 //! table lays its files out, merged into one sorted file while they are
 //! decoded.
 //!
-//! Memory holds one small batch per input, the rows waiting to be written
-//! and the encoded output, never the inputs decoded whole. A day of events
+//! Memory holds one small batch per input (smaller the more inputs there
+//! are, [`READ_ROWS`] rows in all), the rows waiting to be written and the
+//! encoded output, never the inputs decoded whole. A day of events
 //! decodes to about ten times its Parquet size; merging it as one batch
 //! (decode, concatenate, sort, encode) made compaction the largest
 //! allocation of a long-running ingester, gigabytes at 128 MiB files,
@@ -30,9 +31,15 @@ use crate::error::{LakeError, Result};
 use crate::manifest::Table;
 use crate::parquet_io::{cast_to, schema_of, sort_columns, writer_properties};
 
-/// Rows decoded per input at a time: with the most inputs a merge takes
-/// (64), a few tens of MB in all.
-const READ_BATCH: usize = 8 * 1024;
+/// Rows decoded at a time, over all inputs. A decoded `lease_events` row
+/// takes up to a kilobyte with its strings' buffers: a batch of 8 Ki rows
+/// from each of 64 inputs held 480 MB while it was merged, the largest
+/// passing allocation of a long-running ingester (jemalloc's profile of a
+/// 50 M-event build).
+const READ_ROWS: usize = 64 * 1024;
+/// Rows decoded per input at a time, at most and at least: fewer rows
+/// per batch cost more per-batch work for each row decoded.
+const READ_BATCH: (usize, usize) = (1024, 8 * 1024);
 /// Rows gathered before they are handed to the Parquet writer.
 const WRITE_BATCH: usize = 8 * 1024;
 
@@ -90,6 +97,12 @@ impl Keys {
     }
 }
 
+/// Rows decoded per input at a time when `inputs` are merged: their
+/// share of [`READ_ROWS`], within [`READ_BATCH`].
+fn read_batch(inputs: usize) -> usize {
+    (READ_ROWS / inputs.max(1)).clamp(READ_BATCH.0, READ_BATCH.1)
+}
+
 /// Whether input `a`'s current row comes before input `b`'s.
 fn before(inputs: &[Input], a: usize, b: usize) -> bool {
     let (x, y) = (&inputs[a], &inputs[b]);
@@ -120,9 +133,10 @@ pub fn merge_sorted(
     };
     let mut pool = Vec::new();
     let mut open = Vec::new();
+    let batch_size = read_batch(inputs.len());
     for bytes in inputs {
         let mut reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .and_then(|b| b.with_batch_size(READ_BATCH).build())
+            .and_then(|b| b.with_batch_size(batch_size).build())
             .map_err(|e| err(e.into()))?;
         if let Some((batch, rows)) = keys.next(&mut reader, &mut pool).map_err(err)? {
             open.push(Input {
@@ -212,6 +226,18 @@ mod tests {
     use super::*;
     use crate::parquet_io::{concat, encode, from_storage, sort_for_table};
     use leaseline_schema::{decode, EventBatchBuilder, Origin};
+
+    #[test]
+    fn the_more_inputs_the_fewer_rows_each_decodes_at_a_time() {
+        assert_eq!(read_batch(0), 8 * 1024);
+        assert_eq!(read_batch(1), 8 * 1024);
+        assert_eq!(read_batch(8), 8 * 1024);
+        assert_eq!(read_batch(16), 4 * 1024);
+        assert_eq!(read_batch(64), 1024);
+        assert_eq!(read_batch(1000), 1024);
+        // Rows decoded at once stay within the budget up to 64 inputs.
+        assert!((1..=64).all(|n| n * read_batch(n) <= READ_ROWS));
+    }
 
     /// `n` events of a few leases at pseudo-random times, from Kafka
     /// partition `partition`; times repeat, so keys tie on `(lease, ts)`
