@@ -33,7 +33,7 @@ use crate::parquet_io::{cast_to, schema_of, sort_columns, writer_properties};
 
 /// Rows decoded at a time, over all inputs. A decoded `lease_events` row
 /// takes up to a kilobyte with its strings' buffers: a batch of 8 Ki rows
-/// from each of 64 inputs held 480 MB while it was merged, the largest
+/// from each of up to 64 inputs held 470–780 MB while it was merged, the largest
 /// passing allocation of a long-running ingester (jemalloc's profile of a
 /// 50 M-event build).
 const READ_ROWS: usize = 64 * 1024;
