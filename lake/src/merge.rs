@@ -33,9 +33,9 @@ use crate::parquet_io::{cast_to, schema_of, sort_columns, writer_properties};
 
 /// Rows decoded at a time, over all inputs. A decoded `lease_events` row
 /// takes up to a kilobyte with its strings' buffers: a batch of 8 Ki rows
-/// from each of up to 64 inputs held 470–780 MB while it was merged, the largest
-/// passing allocation of a long-running ingester (jemalloc's profile of a
-/// 50 M-event build).
+/// from each of up to 64 inputs held 470–780 MB while it was merged, the
+/// largest passing allocation of a long-running ingester (jemalloc's
+/// profile of a 50 M-event build).
 const READ_ROWS: usize = 64 * 1024;
 /// Rows decoded per input at a time, at most and at least: fewer rows
 /// per batch cost more per-batch work for each row decoded.
@@ -284,9 +284,18 @@ mod tests {
     fn the_merge_is_the_sort_of_the_whole() {
         // Inputs of several read batches each, and an output of several
         // write batches; one input empty.
-        let parts: Vec<RecordBatch> = [(20_000, 0), (9_000, 1), (0, 2), (17_500, 3)]
-            .into_iter()
-            .map(|(n, p)| sort_for_table(Table::LeaseEvents, &events(n, p, p as u64 + 1)).unwrap())
+        merges_as_sorted(&[(20_000, 0), (9_000, 1), (0, 2), (17_500, 3)]);
+        // Enough inputs for each to be read in batches of fewer rows.
+        let many: Vec<(u64, i32)> = (0..48).map(|p| (2_000 + 37 * p as u64, p)).collect();
+        assert_eq!(read_batch(many.len()), 1365);
+        merges_as_sorted(&many);
+    }
+
+    /// Inputs of `(rows, partition)` merged are their concatenation sorted.
+    fn merges_as_sorted(inputs: &[(u64, i32)]) {
+        let parts: Vec<RecordBatch> = inputs
+            .iter()
+            .map(|&(n, p)| sort_for_table(Table::LeaseEvents, &events(n, p, p as u64 + 1)).unwrap())
             .collect();
         let merged = merge_sorted(Table::LeaseEvents, parts.iter().map(file).collect())
             .unwrap_or_else(|_| panic!("sorted inputs merge"));
@@ -295,7 +304,7 @@ mod tests {
             &concat(Table::LeaseEvents, &parts).unwrap(),
         )
         .unwrap();
-        assert_eq!(merged.rows, 46_500);
+        assert_eq!(merged.rows, inputs.iter().map(|&(n, _)| n).sum::<u64>());
         let ts = whole
             .column_by_name("ts")
             .unwrap()
