@@ -181,8 +181,12 @@ pub(crate) async fn from_stored(
         // each job's offsets are merged.
         let checks = before
             .into_iter()
-            .map(|f| Job::Check(f, true))
-            .chain(between.into_iter().map(|f| Job::Check(f, false)));
+            .map(|(path, newest, _)| Job::Check(path, newest, true))
+            .chain(
+                between
+                    .into_iter()
+                    .map(|(path, newest, _)| Job::Check(path, newest, false)),
+            );
         let reads = tail.into_iter().map(|(path, _, _)| Job::Read(path));
         let jobs = interleave(reads.collect(), checks.collect());
         let run = |job: Job| {
@@ -341,10 +345,10 @@ fn interleave<T>(reads: Vec<T>, checks: Vec<T>) -> Vec<T> {
 enum Job {
     /// Audit the rows at or after their lease's cut ([`read_tail`]).
     Read(String),
-    /// See whether the file (path, newest event, rows) is wholly before
+    /// See whether the file (path, newest event) is wholly before
     /// its leases' cuts, its offsets bounded from statistics when `true`
     /// ([`before_cuts`]); read it as [`Job::Read`] when it is not.
-    Check((String, i64, u64), bool),
+    Check(String, i64, bool),
 }
 
 enum Done {
@@ -365,7 +369,7 @@ impl Job {
     ) -> Result<Done> {
         let path = match self {
             Job::Read(path) => path,
-            Job::Check((path, newest, _), sure) => {
+            Job::Check(path, newest, sure) => {
                 let file = Source::of(store, &path).await?;
                 let check = cuts.clone();
                 let found =
