@@ -242,9 +242,12 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
-/// How many committed batches may wait for the alert engine before ingest
-/// waits for it.
-const FANOUT_BATCHES: usize = 4;
+/// How many committed events (and partition notices) may wait for the
+/// alert engine before ingest waits for it: about five seconds of a small
+/// machine's full rate, to ride out the engine's pauses (settling, a
+/// rebuild), and about 150 MB (a heap profile of 50 M events found some
+/// 290 bytes an event) whatever the flush size.
+const FANOUT_ITEMS: usize = 512 * 1024;
 
 /// The live engine of `serve --ingest`: returns the fan-out for ingest and
 /// the task that runs until ingest drops it.
@@ -254,7 +257,7 @@ pub fn start_live(
     auditor: leaseline_audit::SharedAuditor,
     metrics: LeaseMetrics,
 ) -> anyhow::Result<(Fanout, tokio::task::JoinHandle<()>)> {
-    let (fanout, rx) = Fanout::channel(FANOUT_BATCHES);
+    let (fanout, rx) = Fanout::channel(FANOUT_ITEMS);
     let engine = AlertEngine::with_auditor(cfg.alerts.clone(), auditor, Some(metrics.clone()));
     let notifier = Notifier::start(
         &cfg.alerts.receivers,
@@ -284,7 +287,7 @@ pub fn replay_fanout(
     cfg: &Config,
     lake: Lake,
 ) -> (Fanout, tokio::task::JoinHandle<anyhow::Result<AlertEngine>>) {
-    let (fanout, mut rx) = Fanout::channel(FANOUT_BATCHES);
+    let (fanout, mut rx) = Fanout::channel(FANOUT_ITEMS);
     let mut engine = AlertEngine::new(cfg.alerts.clone(), cfg.audit, None);
     let mut settling =
         leaseline_alerts::Settling::new(cfg.alerts.replay_audit_window, cfg.audit.max_events_held);

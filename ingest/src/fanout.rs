@@ -17,9 +17,13 @@
 //! - A batch that follows a commit ends with [`Committed::Commit`], the
 //!   manifest version it made: a consumer that has taken the batch holds
 //!   every event this writer committed up to that version.
-//! - The channel is bounded: when the consumer falls behind, the send
-//!   waits, and with it the writer, and with it consumption. Nothing is
-//!   dropped.
+//! - The channel is bounded by items (events and notices), not batches:
+//!   when the consumer falls that far behind, the send waits, and with it
+//!   the writer, and with it consumption. Nothing is dropped. A bound in
+//!   batches would hold a multiple of the flush size, which is configured
+//!   apart (a million rows a flush, four batches queued: over a gigabyte
+//!   of events). A batch larger than the bound waits until the consumer
+//!   has taken every earlier one.
 //! - Before a partition is given up, the writer waits (a bounded time) for
 //!   the consumer to say it has handled everything sent so far
 //!   ([`CommittedReceiver::handled`]), so that what the consumer writes
@@ -29,7 +33,7 @@
 use std::sync::Arc;
 
 use leaseline_schema::LeaseEvent;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::hooks::{InputPartition, Notice};
 
@@ -57,9 +61,13 @@ pub enum Committed {
     Commit { version: u64, lake_rows: u64 },
 }
 
+/// A batch and its items' room in the channel, given back when the
+/// consumer takes the batch.
+type Sent = (Vec<Committed>, OwnedSemaphorePermit);
+
 /// The receiving end: batches in commit order.
 pub struct CommittedReceiver {
-    rx: mpsc::Receiver<Vec<Committed>>,
+    rx: mpsc::UnboundedReceiver<Sent>,
     received: u64,
     handled: watch::Sender<u64>,
 }
@@ -67,14 +75,14 @@ pub struct CommittedReceiver {
 impl CommittedReceiver {
     /// The next batch; `None` once ingest has stopped.
     pub async fn recv(&mut self) -> Option<Vec<Committed>> {
-        let batch = self.rx.recv().await?;
+        let (batch, _room) = self.rx.recv().await?;
         self.received += 1;
         Some(batch)
     }
 
     /// The next batch if one is waiting.
     pub fn try_recv(&mut self) -> Result<Vec<Committed>, mpsc::error::TryRecvError> {
-        let batch = self.rx.try_recv()?;
+        let (batch, _room) = self.rx.try_recv()?;
         self.received += 1;
         Ok(batch)
     }
@@ -88,7 +96,10 @@ impl CommittedReceiver {
 
 /// The sending end, owned by the lake writer.
 pub struct Fanout {
-    tx: mpsc::Sender<Vec<Committed>>,
+    tx: mpsc::UnboundedSender<Sent>,
+    /// Items the consumer has not taken yet may use this many permits.
+    room: Arc<Semaphore>,
+    capacity: u32,
     queued: Vec<Committed>,
     topics: Vec<Arc<str>>,
     sent: u64,
@@ -96,14 +107,17 @@ pub struct Fanout {
 }
 
 impl Fanout {
-    /// A fan-out holding at most `capacity` committed batches that the
-    /// consumer has not taken yet.
+    /// A fan-out holding at most `capacity` items (events and notices, in
+    /// committed batches) that the consumer has not taken yet.
     pub fn channel(capacity: usize) -> (Fanout, CommittedReceiver) {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let capacity = capacity.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize)) as u32;
+        let (tx, rx) = mpsc::unbounded_channel();
         let (handled_tx, handled_rx) = watch::channel(0);
         (
             Fanout {
                 tx,
+                room: Arc::new(Semaphore::new(capacity as usize)),
+                capacity,
                 queued: Vec::new(),
                 topics: Vec::new(),
                 sent: 0,
@@ -189,7 +203,16 @@ impl Fanout {
             return;
         }
         let batch = std::mem::take(&mut self.queued);
-        if self.tx.send(batch).await.is_ok() {
+        let items = u32::try_from(batch.len())
+            .unwrap_or(u32::MAX)
+            .min(self.capacity);
+        let room = tokio::select! {
+            room = self.room.clone().acquire_many_owned(items) => room,
+            // Nobody will give the room back.
+            _ = self.tx.closed() => return,
+        };
+        let Ok(room) = room else { return };
+        if self.tx.send((batch, room)).is_ok() {
             self.sent += 1;
         }
     }
@@ -282,16 +305,53 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_full_channel_makes_the_sender_wait() {
-        let (mut f, mut rx) = Fanout::channel(1);
+    async fn the_bound_is_in_items_not_batches() {
+        let (mut f, mut rx) = Fanout::channel(3);
+        let mut n = 0;
+        let mut queue = |f: &mut Fanout, k: usize| {
+            for _ in 0..k {
+                f.event(&ev(&n.to_string()), P0, None);
+                n += 1;
+            }
+        };
+        queue(&mut f, 2);
+        f.send().await;
+        // 2 + 2 items are more than 3: the second batch waits for the
+        // consumer to take the first.
+        queue(&mut f, 2);
+        let mut second = Box::pin(f.send());
+        assert!(futures::poll!(second.as_mut()).is_pending());
+        assert_eq!(rx.recv().await.unwrap().len(), 2);
+        second.await;
+        // One item more fits beside the two waiting.
+        queue(&mut f, 1);
+        f.send().await;
+        // A batch larger than the bound waits until every earlier one is
+        // taken, then goes whole.
+        queue(&mut f, 5);
+        let mut big = Box::pin(f.send());
+        assert!(futures::poll!(big.as_mut()).is_pending());
+        assert_eq!(rx.recv().await.unwrap().len(), 2);
+        assert!(futures::poll!(big.as_mut()).is_pending());
+        assert_eq!(rx.recv().await.unwrap().len(), 1);
+        big.await;
+        assert_eq!(rx.recv().await.unwrap().len(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_consumer_gone_never_makes_the_sender_wait() {
+        let (mut f, rx) = Fanout::channel(1);
         f.event(&ev("a"), P0, None);
         f.send().await;
         f.event(&ev("b"), P0, None);
         let mut second = Box::pin(f.send());
-        // The consumer has not taken the first batch: the second waits.
         assert!(futures::poll!(second.as_mut()).is_pending());
-        rx.recv().await.unwrap();
-        second.await;
-        assert_eq!(rx.recv().await.unwrap().len(), 1);
+        drop(rx);
+        tokio::time::timeout(std::time::Duration::from_secs(30), second)
+            .await
+            .expect("the send still waits for room nobody will give back");
+        f.event(&ev("c"), P0, None);
+        f.send().await;
+        assert!(f.is_empty());
     }
 }

@@ -30,7 +30,7 @@ async fn import_collecting(
     paths: &[&str],
     policy: &FlushPolicy,
 ) -> (u64, Vec<Committed>) {
-    // A capacity of one batch: the import must wait for the consumer.
+    // A capacity of one item: the import must wait for the consumer.
     let (fanout, mut rx) = Fanout::channel(1);
     let consumer = tokio::spawn(async move {
         let mut got = Vec::new();
