@@ -317,8 +317,42 @@ fn both_surfaces_speak_tls_and_refuse_plaintext() {
         "{}",
         server.proc.logs()
     );
+    // ...and to a client that opens with the TLS handshake (direct TLS):
+    // the handshake, then the reason, over TLS.
+    let answer = direct_tls_answer(port, &ca, &startup_message());
+    assert!(
+        answer.contains("sorry, too many clients already"),
+        "{answer}"
+    );
     drop(held);
     assert!(!server.proc.logs().contains("PRIVATE KEY"));
+}
+
+/// What a server sends back over PostgreSQL 17's direct TLS (a handshake
+/// at once, ALPN `postgresql`) to `message`, until it closes.
+fn direct_tls_answer(port: u16, ca: &Path, message: &[u8]) -> String {
+    let mut child = Command::new("openssl")
+        .args([
+            "s_client",
+            "-quiet",
+            "-ign_eof",
+            "-connect",
+            &format!("127.0.0.1:{port}"),
+            "-servername",
+            "localhost",
+            "-alpn",
+            "postgresql",
+            "-CAfile",
+            s(ca),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("openssl");
+    child.stdin.take().unwrap().write_all(message).unwrap();
+    let out = child.wait_with_output().unwrap();
+    format!("{}{}", text(&out.stdout), text(&out.stderr))
 }
 
 /// A protocol 3.0 startup message for user and database `leaseline`.

@@ -76,8 +76,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Answers a connection over the cap as PostgreSQL does: read its startup
 /// message (answering an SSL request first: with TLS when it is
 /// configured, so that the client can read the reason), then a FATAL
-/// 53300. Reading first matters: closing a socket with unread data resets
-/// it, and the client would see a dropped connection instead of the reason.
+/// 53300. A client opening with a TLS handshake (PostgreSQL 17's direct
+/// TLS) gets the handshake first, for the same reason. Reading first
+/// matters: closing a socket with unread data resets it, and the client
+/// would see a dropped connection instead of the reason.
 async fn refuse(
     mut socket: tokio::net::TcpStream,
     tls: Option<tokio_rustls::TlsAcceptor>,
@@ -85,6 +87,15 @@ async fn refuse(
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
     let mut buf = [0u8; 1024];
+    if let Some(tls) = &tls {
+        let mut first = [0u8; 1];
+        if socket.peek(&mut first).await? == 1 && first[0] == crate::tls::TLS_HANDSHAKE {
+            let mut socket = tls.accept(socket).await?;
+            let _startup = socket.read(&mut buf).await?;
+            socket.write_all(&too_many_clients()).await?;
+            return socket.shutdown().await;
+        }
+    }
     let n = socket.read(&mut buf).await?;
     if buf[..n] == SSL_REQUEST {
         if let Some(tls) = tls {
@@ -182,7 +193,11 @@ pub async fn serve(
             _ = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
-                Ok((socket, peer)) if connections.len() >= max_connections => {
+                // Finished connections give their places back first: the
+                // select above reaps them only when it happens to pick
+                // that branch, and a client that has hung up must not be
+                // counted against the next one.
+                Ok((socket, peer)) if reaped(&mut connections) >= max_connections => {
                     tracing::warn!(%peer, max_connections, "postgres connection refused: too many clients");
                     let tls = tls.as_ref().map(|t| t.pg_acceptor());
                     // Said and closed off the accept loop, so a flood of
@@ -221,6 +236,13 @@ pub async fn serve(
         connections.shutdown().await;
     }
     Ok(())
+}
+
+/// The number of connections still open, once the finished ones are
+/// taken out of the set.
+fn reaped(connections: &mut JoinSet<()>) -> usize {
+    while connections.try_join_next().is_some() {}
+    connections.len()
 }
 
 /// How long the startup and authentication may take, as pgwire's own loop
