@@ -8,8 +8,8 @@
 
 mod common;
 
-use common::{analyzed_scan, append, strings};
-use leaseline_lake::Lake;
+use common::{analyzed_scan, append, events_batch, strings};
+use leaseline_lake::{Lake, PendingRows, PendingSnapshot};
 use leaseline_query::QueryEngine;
 
 /// Grant `n`'s event of `kind` from `source`, at second `n` of minute `minute`.
@@ -90,4 +90,74 @@ async fn a_filter_keeping_the_keepalives_is_applied_to_whole_batches_with_the_sa
         scan.contains("pushdown_rows_matched=1"),
         "the filter kept 1 row while decoding:\n{scan}"
     );
+}
+
+/// The plan and Parquet scan line of `EXPLAIN ANALYZE query` in `ctx`.
+async fn analyzed_scan_in(
+    ctx: &datafusion::prelude::SessionContext,
+    query: &str,
+) -> (String, String) {
+    let explained = ctx
+        .sql(&format!("EXPLAIN ANALYZE {query}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let plan = strings(&explained, 1).join("\n");
+    let scan = plan
+        .lines()
+        .find(|l| l.contains("file_type=parquet"))
+        .unwrap_or_else(|| panic!("no parquet scan in\n{plan}"))
+        .to_owned();
+    (plan, scan)
+}
+
+#[tokio::test]
+async fn the_long_lived_session_and_buffered_rows_give_the_scan_its_filters() {
+    // As above: the holders' keepalives are a third of the rows.
+    let lines: Vec<String> = (0..20)
+        .flat_map(|n| {
+            [
+                acquired(n),
+                event("renewed", "holder", n, 1, "rh"),
+                event("renewed", "coordinator", n, 1, "rc"),
+            ]
+        })
+        .collect();
+    let (_dir, engine) = engine_of(&lines).await;
+    // Rows an ingester holds, not yet in a file: one more holder keepalive.
+    let pending = PendingRows::new();
+    pending.publish(PendingSnapshot {
+        base: Some(std::sync::Arc::new(engine.lake().latest().await.unwrap())),
+        events: vec![events_batch(&[event("renewed", "holder", 20, 1, "rh")])],
+        rejects: vec![],
+    });
+    let buffered = engine.clone().with_pending(pending);
+    let query = "SELECT count(*) FROM lease_events \
+                 WHERE kind IN ('renewed', 'renew_failed') AND source = 'holder'";
+    let one = format!("{query} AND lease_id = 'L3'");
+    for (name, ctx, keepalives) in [
+        (
+            "the long-lived session",
+            engine.live_session().unwrap(),
+            "20",
+        ),
+        ("with buffered rows", buffered.live_session().unwrap(), "21"),
+    ] {
+        let rows = ctx.sql(query).await.unwrap().collect().await.unwrap();
+        assert_eq!(strings(&rows, 0), vec![keepalives], "{name}");
+        let (plan, scan) = analyzed_scan_in(&ctx, query).await;
+        assert!(
+            scan.contains("pushdown_rows_pruned=0") && plan.contains("FilterExec"),
+            "{name}: the keepalives' filter runs above the scan, on whole batches:\n{plan}"
+        );
+        let rows = ctx.sql(&one).await.unwrap().collect().await.unwrap();
+        assert_eq!(strings(&rows, 0), vec!["1"], "{name}");
+        let (_, scan) = analyzed_scan_in(&ctx, &one).await;
+        assert!(
+            scan.contains("pushdown_rows_matched=1"),
+            "{name}: one lease's filter is applied while decoding:\n{scan}"
+        );
+    }
 }

@@ -6,15 +6,10 @@ use leaseline_schema::{decode, EventBatchBuilder, Origin};
 /// Commits `lines` (events of the contract, one per line) as one file of
 /// `lease_events`; the lake's manifest after the commit.
 pub async fn append<S: AsRef<str>>(lake: &Lake, lines: &[S]) -> Manifest {
-    let mut b = EventBatchBuilder::new();
-    for (i, l) in lines.iter().enumerate() {
-        let origin = Origin::File {
-            path: "t.ndjson",
-            line: i as u64 + 1,
-        };
-        b.append(&decode(l.as_ref().as_bytes()).unwrap(), &origin, 0);
-    }
-    let files = lake.write(Table::LeaseEvents, &b.finish()).await.unwrap();
+    let files = lake
+        .write(Table::LeaseEvents, &events_batch(lines))
+        .await
+        .unwrap();
     let base = lake.latest().await.unwrap();
     let change = Change::Append {
         files,
@@ -23,6 +18,20 @@ pub async fn append<S: AsRef<str>>(lake: &Lake, lines: &[S]) -> Manifest {
     };
     lake.commit(&base, &change).await.unwrap();
     lake.latest().await.unwrap()
+}
+
+/// `lines` (events of the contract, one per line) as the rows an ingester
+/// buffers.
+pub fn events_batch<S: AsRef<str>>(lines: &[S]) -> arrow::array::RecordBatch {
+    let mut b = EventBatchBuilder::new();
+    for (i, l) in lines.iter().enumerate() {
+        let origin = Origin::File {
+            path: "t.ndjson",
+            line: i as u64 + 1,
+        };
+        b.append(&decode(l.as_ref().as_bytes()).unwrap(), &origin, 0);
+    }
+    b.finish()
 }
 
 /// One column of `batches` as text (cast to UTF-8), row by row.
