@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{analyzed_scan, append, events_batch, strings};
+use common::{analyzed_scan, analyzed_scan_in, append, events_batch, strings};
 use leaseline_lake::{Lake, PendingRows, PendingSnapshot};
 use leaseline_query::QueryEngine;
 
@@ -23,6 +23,20 @@ fn event(kind: &str, source: &str, n: u32, minute: u32, id: &str) -> String {
 
 fn acquired(n: u32) -> String {
     event("acquired", "coordinator", n, 0, "e")
+}
+
+/// 20 grants, each renewed once by holder and coordinator: the holders'
+/// keepalives are a third of the rows.
+fn keepalives() -> Vec<String> {
+    (0..20)
+        .flat_map(|n| {
+            [
+                acquired(n),
+                event("renewed", "holder", n, 1, "rh"),
+                event("renewed", "coordinator", n, 1, "rc"),
+            ]
+        })
+        .collect()
 }
 
 async fn engine_of(lines: &[String]) -> (tempfile::TempDir, QueryEngine) {
@@ -52,17 +66,7 @@ async fn a_filter_is_applied_while_decoding_and_the_rows_it_rejects_are_not_deco
 
 #[tokio::test]
 async fn a_filter_keeping_the_keepalives_is_applied_to_whole_batches_with_the_same_answer() {
-    // 20 grants, each renewed once by holder and coordinator: the
-    // holders' keepalives are a third of the rows.
-    let lines: Vec<String> = (0..20)
-        .flat_map(|n| {
-            [
-                acquired(n),
-                event("renewed", "holder", n, 1, "rh"),
-                event("renewed", "coordinator", n, 1, "rc"),
-            ]
-        })
-        .collect();
+    let lines = keepalives();
     let (_dir, engine) = engine_of(&lines).await;
 
     // Keepalive health's filter (docs/incident-queries.md).
@@ -92,39 +96,9 @@ async fn a_filter_keeping_the_keepalives_is_applied_to_whole_batches_with_the_sa
     );
 }
 
-/// The plan and Parquet scan line of `EXPLAIN ANALYZE query` in `ctx`.
-async fn analyzed_scan_in(
-    ctx: &datafusion::prelude::SessionContext,
-    query: &str,
-) -> (String, String) {
-    let explained = ctx
-        .sql(&format!("EXPLAIN ANALYZE {query}"))
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    let plan = strings(&explained, 1).join("\n");
-    let scan = plan
-        .lines()
-        .find(|l| l.contains("file_type=parquet"))
-        .unwrap_or_else(|| panic!("no parquet scan in\n{plan}"))
-        .to_owned();
-    (plan, scan)
-}
-
 #[tokio::test]
 async fn the_long_lived_session_and_buffered_rows_give_the_scan_its_filters() {
-    // As above: the holders' keepalives are a third of the rows.
-    let lines: Vec<String> = (0..20)
-        .flat_map(|n| {
-            [
-                acquired(n),
-                event("renewed", "holder", n, 1, "rh"),
-                event("renewed", "coordinator", n, 1, "rc"),
-            ]
-        })
-        .collect();
+    let lines = keepalives();
     let (_dir, engine) = engine_of(&lines).await;
     // Rows an ingester holds, not yet in a file: one more holder keepalive.
     let pending = PendingRows::new();

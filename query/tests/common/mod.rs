@@ -22,6 +22,7 @@ pub async fn append<S: AsRef<str>>(lake: &Lake, lines: &[S]) -> Manifest {
 
 /// `lines` (events of the contract, one per line) as the rows an ingester
 /// buffers.
+#[allow(dead_code)] // not every test that includes this file buffers rows
 pub fn events_batch<S: AsRef<str>>(lines: &[S]) -> arrow::array::RecordBatch {
     let mut b = EventBatchBuilder::new();
     for (i, l) in lines.iter().enumerate() {
@@ -58,7 +59,28 @@ pub async fn analyzed_scan(engine: &leaseline_query::QueryEngine, query: &str) -
         .sql(&format!("EXPLAIN ANALYZE {query}"))
         .await
         .unwrap();
-    let plan = strings(&explained, 1).join("\n");
+    plan_and_scan(&explained)
+}
+
+/// [`analyzed_scan`] in a session of the caller's.
+#[allow(dead_code)] // as above
+pub async fn analyzed_scan_in(
+    ctx: &datafusion::prelude::SessionContext,
+    query: &str,
+) -> (String, String) {
+    let explained = ctx
+        .sql(&format!("EXPLAIN ANALYZE {query}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    plan_and_scan(&explained)
+}
+
+#[allow(dead_code)] // as above
+fn plan_and_scan(explained: &[arrow::array::RecordBatch]) -> (String, String) {
+    let plan = strings(explained, 1).join("\n");
     let scan = plan
         .lines()
         .find(|l| l.contains("file_type=parquet"))
