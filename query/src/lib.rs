@@ -770,9 +770,10 @@ impl TableProvider for LiveTable {
     }
 
     /// As the table it resolves to. Without this the lake's scans get no
-    /// filters at all: no row groups pruned by the query's own filters,
-    /// and a scan given none decodes by selection, which is twice the work
-    /// for a filter that keeps the keepalives (`files::decode_filtered`).
+    /// filters: the plan's predicate still reaches the Parquet reader
+    /// later, for pruning, but a scan given no filters decodes by
+    /// selection, twice the work for a filter that keeps the keepalives
+    /// (`files::decode_filtered`).
     fn supports_filters_pushdown(
         &self,
         filters: &[&datafusion::logical_expr::Expr],
