@@ -535,10 +535,25 @@ async fn serve_finds_exactly_the_violations_the_simulator_injected_through_kafka
             server.proc.logs()
         );
         let found = served_violations(&server);
-        assert_eq!(
-            found, truth,
-            "{name}: lease_violations against the ground truth"
-        );
+        if found != truth {
+            // Which reader answered, and what the lake itself says, tell
+            // a wrong read from a wrong lake.
+            let q = "SELECT kind, lease_id, fencing_token FROM lease_violations";
+            let metrics = server.get("/metrics").text();
+            let reads: Vec<&str> = metrics
+                .lines()
+                .filter(|l| l.starts_with("leaseline_query_audit_reads_total"))
+                .collect();
+            panic!(
+                "{name}: lease_violations served {found:?}, injected {truth:?}\n\
+                 audit reads: {reads:?}\nserved again: {:?}\n\
+                 the lake audited whole: {}\nfrom its stored rows: {}\n{}",
+                served_violations(&server),
+                sql_auditing_all(&lake, q, "ndjson"),
+                sql(&lake, q, "ndjson"),
+                server.proc.logs()
+            );
+        }
         if name == "clean" {
             assert!(produced >= 1_000_000 && found.is_empty());
             // Each settle stored every lease's context again, at its new
