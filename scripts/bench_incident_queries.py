@@ -19,6 +19,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -26,16 +27,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_load import incident_queries  # noqa: E402
 
 
-def serve(binary, lake, config):
+def serve(binary, lake, config, pg=False):
+    """Starts `serve` on free loopback ports: the process, its HTTP address
+    and, with `pg`, its PostgreSQL port (else None)."""
     env = dict(os.environ, LEASELINE_LOG="info")
     if config:
         env["LEASELINE_CONFIG"] = config
-    p = subprocess.Popen([binary, "serve", "--lake", lake, "--http-listen", "127.0.0.1:0", "--no-pg"],
+    listen = ["--pg-listen", "127.0.0.1:0"] if pg else ["--no-pg"]
+    p = subprocess.Popen([binary, "serve", "--lake", lake, "--http-listen", "127.0.0.1:0"] + listen,
                          env=env, stderr=subprocess.PIPE, text=True)
+    api = port = None
     for line in p.stderr:
         m = re.search(r"HTTP API listening on http://([0-9.:]+)", line)
         if m:
-            return p, m.group(1)
+            api = m.group(1)
+        m = re.search(r"PostgreSQL listening on [0-9.]+:(\d+)", line)
+        if m:
+            port = int(m.group(1))
+        if api and (port or not pg):
+            # serve logs on; a full pipe would stop it.
+            threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
+            return p, api, port
     raise SystemExit("%s serve exited before listening" % binary)
 
 
@@ -62,7 +74,7 @@ def main():
     times = {}
     for r in range(a.rounds):
         for b in a.bins:
-            p, api = serve(b, a.lake, a.config)
+            p, api, _ = serve(b, a.lake, a.config)
             try:
                 for title, sql in queries:
                     for _ in range(a.runs):

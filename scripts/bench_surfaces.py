@@ -15,14 +15,12 @@ the extended protocol (as Grafana's and most drivers' queries are).
 import argparse
 import http.client
 import os
-import re
 import statistics
-import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_incident_queries import serve  # noqa: E402
 from bench_load import incident_queries  # noqa: E402
 
 
@@ -37,29 +35,12 @@ def main():
     args = ap.parse_args()
     import psycopg
 
-    env = dict(os.environ, LEASELINE_LOG="info")
-    if args.config:
-        env["LEASELINE_CONFIG"] = args.config
-    proc = subprocess.Popen([args.bin, "serve", "--lake", args.lake, "--http-listen", "127.0.0.1:0",
-                             "--pg-listen", "127.0.0.1:0"], env=env, stderr=subprocess.PIPE, text=True)
+    proc, api, pg_port = serve(args.bin, args.lake, args.config, pg=True)
     try:
-        http_addr = pg_port = None
-        for line in proc.stderr:
-            m = re.search(r"HTTP API listening on http://([0-9.]+):(\d+)", line)
-            if m:
-                http_addr = (m.group(1), int(m.group(2)))
-            m = re.search(r"PostgreSQL listening on [0-9.]+:(\d+)", line)
-            if m:
-                pg_port = int(m.group(1))
-            if http_addr and pg_port:
-                break
-        else:
-            sys.exit("serve exited before listening")
-        # serve logs on; a full pipe would stop it.
-        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
         doc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "incident-queries.md")
         queries = incident_queries(doc, args.lease, "TIMESTAMP '%s'" % args.now)
-        conn = http.client.HTTPConnection(*http_addr, timeout=300)
+        host, port = api.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=300)
         pg = psycopg.connect(host="127.0.0.1", port=pg_port, user="leaseline", dbname="leaseline",
                              sslmode="disable", autocommit=True)
 

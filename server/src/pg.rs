@@ -90,25 +90,32 @@ async fn refuse(
     if let Some(tls) = &tls {
         let mut first = [0u8; 1];
         if socket.peek(&mut first).await? == 1 && first[0] == crate::tls::TLS_HANDSHAKE {
-            let mut socket = tls.accept(socket).await?;
-            let _startup = socket.read(&mut buf).await?;
-            socket.write_all(&too_many_clients()).await?;
-            return socket.shutdown().await;
+            return refuse_over_tls(socket, tls).await;
         }
     }
     let n = socket.read(&mut buf).await?;
     if buf[..n] == SSL_REQUEST {
-        if let Some(tls) = tls {
+        if let Some(tls) = &tls {
             socket.write_all(b"S").await?;
-            let mut socket = tls.accept(socket).await?;
-            let _startup = socket.read(&mut buf).await?;
-            socket.write_all(&too_many_clients()).await?;
-            return socket.shutdown().await;
+            return refuse_over_tls(socket, tls).await;
         }
         socket.write_all(b"N").await?;
         // The startup message itself: its content does not matter here.
         let _startup = socket.read(&mut buf).await?;
     }
+    socket.write_all(&too_many_clients()).await?;
+    socket.shutdown().await
+}
+
+/// [`refuse`] once the client is to speak TLS: the handshake, its startup
+/// message read, then FATAL 53300.
+async fn refuse_over_tls(
+    socket: tokio::net::TcpStream,
+    tls: &tokio_rustls::TlsAcceptor,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tls.accept(socket).await?;
+    let _startup = socket.read(&mut [0u8; 1024]).await?;
     socket.write_all(&too_many_clients()).await?;
     socket.shutdown().await
 }
