@@ -112,30 +112,33 @@ impl SharedAuditor {
         self.inner.marked.notify_all();
     }
 
-    /// Waits, at most `timeout`, until a mark at or above `version` is
-    /// made: the feeder has taken that commit. Blocks the calling thread.
-    /// Returns whether it came.
-    pub fn wait_for_mark(&self, version: u64, timeout: Duration) -> bool {
+    /// Waits, at most `timeout`, until the auditor covers snapshot
+    /// `version` with `rows` rows ([`SharedAuditor::covers`]), or a mark
+    /// at or above `version` shows that it does not (another writer's
+    /// rows). Blocks the calling thread. Returns whether it covers.
+    ///
+    /// Coverage, not a mark's number, is waited for: the feeder marks the
+    /// ingester's own snapshots, whose numbers trail the lake's while
+    /// other tables are committed to (their sum counts those commits
+    /// only once the ingester reloads), so a reader of the lake's newest
+    /// snapshot may never see a mark at or above its number.
+    pub fn wait_to_cover(&self, version: u64, rows: u64, timeout: Duration) -> bool {
         let marks = relock(self.inner.marks.lock());
-        let behind = |m: &mut BTreeMap<u64, (usize, u64)>| {
-            m.last_key_value().is_none_or(|(&v, _)| v < version)
+        let waiting = |m: &mut BTreeMap<u64, (usize, u64)>| {
+            !covered(m, version, rows) && m.last_key_value().is_none_or(|(&v, _)| v < version)
         };
         let (marks, _) = self
             .inner
             .marked
-            .wait_timeout_while(marks, timeout, behind)
+            .wait_timeout_while(marks, timeout, waiting)
             .unwrap_or_else(|e| e.into_inner());
-        marks.last_key_value().is_some_and(|(&v, _)| v >= version)
+        covered(&marks, version, rows)
     }
 
     /// Whether the auditor holds every event of snapshot `version`, whose
     /// `lease_events` has `rows` rows.
     pub fn covers(&self, version: u64, rows: u64) -> bool {
-        let marks = relock(self.inner.marks.lock());
-        marks
-            .range(..=version)
-            .next_back()
-            .is_some_and(|(_, &(n, _))| n as u64 == rows)
+        covered(&relock(self.inner.marks.lock()), version, rows)
     }
 
     /// The newest snapshot version the auditor held every event of when
@@ -145,6 +148,14 @@ impl SharedAuditor {
         let (&v, &(n, rows)) = marks.range(..=version).next_back()?;
         (n as u64 == rows).then_some(v)
     }
+}
+
+/// [`SharedAuditor::covers`] on the marks.
+fn covered(marks: &BTreeMap<u64, (usize, u64)>, version: u64, rows: u64) -> bool {
+    marks
+        .range(..=version)
+        .next_back()
+        .is_some_and(|(_, &(n, _))| n as u64 == rows)
 }
 
 #[cfg(test)]
@@ -217,16 +228,39 @@ mod tests {
     fn a_reader_waits_for_the_feeder_to_take_a_commit() {
         let a = SharedAuditor::new(AuditConfig::default());
         a.mark(1, 0);
-        assert!(a.wait_for_mark(1, Duration::ZERO));
-        assert!(!a.wait_for_mark(2, Duration::from_millis(10)));
+        assert!(a.wait_to_cover(1, 0, Duration::ZERO));
+        assert!(!a.wait_to_cover(2, 1, Duration::from_millis(10)));
         let feeder = a.clone();
         let t = std::thread::spawn(move || {
             push(&feeder, "e1");
             feeder.mark(2, 1);
         });
-        assert!(a.wait_for_mark(2, Duration::from_secs(60)));
+        assert!(a.wait_to_cover(2, 1, Duration::from_secs(60)));
         t.join().unwrap();
         assert!(a.covers(2, 1));
+    }
+
+    #[test]
+    fn a_reader_of_a_newer_number_than_the_ingesters_is_covered_by_its_rows() {
+        // The lake's snapshot 10 (the ingester's commit, then another
+        // table's) holds the rows of the ingester's own snapshot 9.
+        let a = SharedAuditor::new(AuditConfig::default());
+        push(&a, "e1");
+        a.mark(8, 1);
+        let feeder = a.clone();
+        let t = std::thread::spawn(move || {
+            push(&feeder, "e2");
+            feeder.mark(9, 2);
+        });
+        let asked = std::time::Instant::now();
+        assert!(a.wait_to_cover(10, 2, Duration::from_secs(60)));
+        assert!(asked.elapsed() < Duration::from_secs(30), "not a timeout");
+        t.join().unwrap();
+        // A mark at or above the number that does not count the rows: the
+        // lake holds rows the feeder never had; no wait.
+        push(&a, "e3");
+        a.mark(11, 3);
+        assert!(!a.wait_to_cover(10, 4, Duration::from_secs(60)));
     }
 
     #[test]

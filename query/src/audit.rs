@@ -19,7 +19,7 @@
 //! history. Rows an ingester has buffered but not committed are then not in
 //! the derived tables until their commit, a fraction of a second later.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -101,9 +101,14 @@ struct CacheState {
     /// rows.
     files: HashMap<String, u64>,
     version: Option<u64>,
-    /// `lease_events`' Delta version at `version`.
+    /// `lease_events`' Delta version at `version`: what says which events
+    /// `auditor` holds. A snapshot's `version` only orders snapshots: an
+    /// ingester's own snapshot (its commit on top of one older than
+    /// another table's commit) can carry the number of a different one.
     events_version: Option<u64>,
-    tables: Option<Arc<AuditTables>>,
+    /// The last tables answered, with the table versions of their
+    /// snapshot, which identify it.
+    tables: Option<(BTreeMap<Table, u64>, Arc<AuditTables>)>,
 }
 
 impl CacheState {
@@ -209,7 +214,9 @@ impl AuditCache {
             cache.update(&lake, &m).await?;
             let mut auditor = {
                 let mut st = cache.state.lock().await;
-                if st.version == Some(m.version) {
+                if st.version.is_some()
+                    && st.events_version == m.tables.get(&Table::LeaseEvents).copied()
+                {
                     // Once per snapshot, not once per clone: the pending
                     // rows are checked against the lake's ids.
                     st.auditor.index_event_ids();
@@ -239,16 +246,20 @@ impl AuditCache {
 
     async fn update(&self, lake: &Lake, m: &Manifest) -> Result<Arc<AuditTables>> {
         let mut st = self.state.lock().await;
-        if let Some(t) = st.tables.as_ref().filter(|t| t.version == m.version) {
+        if let Some((_, t)) = st.tables.as_ref().filter(|(of, _)| *of == m.tables) {
             return Ok(t.clone());
         }
         // The stored rows and what has not settled, when they answer for
         // `m`; the engine's cache is then not needed.
         if let Some(t) = crate::stored::from_stored(lake, m, self.config).await? {
             let tables = Arc::new(t);
-            if st.tables.as_ref().is_none_or(|t| t.version < m.version) {
+            if st
+                .tables
+                .as_ref()
+                .is_none_or(|(_, t)| t.version < m.version)
+            {
                 *st = CacheState::empty(self.config);
-                st.tables = Some(tables.clone());
+                st.tables = Some((m.tables.clone(), tables.clone()));
             }
             return Ok(tables);
         }
@@ -286,7 +297,7 @@ impl AuditCache {
             st.version = Some(m.version);
             st.events_version = m.tables.get(&Table::LeaseEvents).copied();
             let tables = Arc::new(derive(&mut st.auditor, m.version));
-            st.tables = Some(tables.clone());
+            st.tables = Some((m.tables.clone(), tables.clone()));
             return Ok(tables);
         }
         if newer {
@@ -306,7 +317,7 @@ impl AuditCache {
                     .collect(),
                 version: Some(m.version),
                 events_version: m.tables.get(&Table::LeaseEvents).copied(),
-                tables: Some(tables.clone()),
+                tables: Some((m.tables.clone(), tables.clone())),
             };
             return Ok(tables);
         }
@@ -396,8 +407,7 @@ impl LiveAudit {
                 // A commit the engine has not taken yet: it soon will.
                 // Another writer's commit never gets a mark, so that wait
                 // is bounded.
-                let taken = live.shared.wait_for_mark(version, LIVE_WAIT)
-                    && live.shared.covers(version, rows);
+                let taken = live.shared.wait_to_cover(version, rows, LIVE_WAIT);
                 if !taken {
                     // Catching up, ingest commits faster than the engine
                     // takes commits: the newest one it holds whole answers.

@@ -61,6 +61,7 @@ async fn audit_tables_follow_appends_and_survive_compaction() {
         "fencing_token,holder_id,renewals\n7,a,1\n"
     );
     let v1 = engine.audit_tables().await.unwrap().version;
+    let tables_at_v1 = lake.latest().await.unwrap().tables;
 
     append(&lake, &[RENEW2, ACQ8]).await;
     assert_eq!(
@@ -102,6 +103,7 @@ async fn audit_tables_follow_appends_and_survive_compaction() {
     // An older snapshot is answered as it was, and leaves the cache alone.
     let mut old = lake.latest().await.unwrap();
     old.version = v1;
+    old.tables = tables_at_v1;
     old.files.retain(|_| false);
     let ctx = engine.session_at(&old).unwrap();
     let batches = leaseline_query::run_read_only(&ctx, "SELECT count(*) AS n FROM lease_timeline")
@@ -308,4 +310,60 @@ async fn the_alert_engines_audit_answers_for_the_newest_commit_it_holds_whole() 
     assert_eq!(audit_version, Some(v3.version), "the lake's own audit");
     assert_eq!(rows, vec![7, 8, 9]);
     assert_eq!(engine.live_audit().unwrap().reads().2, passed_before + 1);
+}
+
+const REL7: &str = r#"{"ts":"2026-09-14T10:00:02Z","kind":"released","source":"coordinator","lease_id":"L","holder_id":"a","fencing_token":7,"event_id":"r7"}"#;
+
+/// A snapshot's number sums its tables' versions, so an ingester's own
+/// snapshot (its commit on top of one that predates another table's
+/// commit) can carry the number of a different snapshot of the lake. The
+/// rows it buffers after its snapshot are audited on top of that
+/// snapshot's events, not of the other's: there, the release between
+/// them would be missing, and the next grant would overlap the last.
+#[tokio::test]
+async fn buffered_rows_are_audited_on_their_own_snapshot_not_on_one_of_the_same_number() {
+    use leaseline_lake::{Change, KafkaRange, PendingRows, PendingSnapshot};
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+    let pending = PendingRows::new();
+    let engine = QueryEngine::new(lake.clone()).with_pending(pending.clone());
+    let ingesters = append(&lake, &[ACQ7]).await;
+    // Another table's commit (the stored audit rows' position).
+    let settle = Change::Settle {
+        add: vec![],
+        remove: vec![],
+        kafka: vec![KafkaRange {
+            topic: "t".into(),
+            partition: 0,
+            start: 1,
+            end: 1,
+        }],
+    };
+    let other = lake
+        .commit(&lake.latest().await.unwrap(), &settle)
+        .await
+        .unwrap();
+    let violations = "SELECT kind, fencing_token FROM lease_violations";
+    assert_eq!(csv(&engine, violations).await, "kind,fencing_token\n");
+    // The ingester commits the release on its own snapshot, and buffers
+    // the next grant after it.
+    let files = lake
+        .write(Table::LeaseEvents, &common::events_batch(&[REL7]))
+        .await
+        .unwrap();
+    let append = Change::Append {
+        files,
+        kafka: vec![],
+        reject_kafka: vec![],
+    };
+    let committed = lake.commit(&ingesters, &append).await.unwrap();
+    assert_eq!(committed.version, other.version, "the same number");
+    pending.publish(PendingSnapshot {
+        base: Some(std::sync::Arc::new(committed)),
+        events: vec![common::events_batch(&[ACQ8])],
+        rejects: vec![],
+    });
+    assert_eq!(csv(&engine, violations).await, "kind,fencing_token\n");
+    let grants = "SELECT fencing_token FROM lease_timeline ORDER BY fencing_token";
+    assert_eq!(csv(&engine, grants).await, "fencing_token\n7\n8\n");
 }
