@@ -435,9 +435,9 @@ async fn healthy_traffic_raises_no_alert_and_prometheus_scrapes_the_counters() {
     );
 }
 
-/// The violations `serve` reports, as `kind lease token` lines.
-/// `lease_violations` as served once it answers for the snapshot the
-/// query read (`Leaseline-Audit-Version` equals `Leaseline-Lake-Version`).
+/// The violations `serve` reports, as `kind lease token` lines, once it
+/// answers for the snapshot the query read (`Leaseline-Audit-Version`
+/// equals `Leaseline-Lake-Version`).
 /// While the alert engine is still taking the last commits, serve answers
 /// for the newest commit the engine holds whole, and says so: exact for
 /// that commit, but the simulator's producer sends each event from a task

@@ -403,32 +403,28 @@ impl LiveAudit {
             use std::sync::atomic::Ordering::Relaxed;
             let asked = version;
             let mut version = version;
-            if !live.shared.covers(version, rows) {
-                // A commit the engine has not taken yet: it soon will.
-                // Another writer's commit never gets a mark, so that wait
-                // is bounded.
-                let taken = live.shared.wait_to_cover(version, rows, LIVE_WAIT);
-                if !taken {
-                    // Catching up, ingest commits faster than the engine
-                    // takes commits: the newest one it holds whole answers.
-                    match live.shared.newest_whole(version) {
-                        Some(whole) => {
-                            let derived = live.derived.lock().unwrap_or_else(|e| e.into_inner());
-                            if let Some((_, _, t)) = derived
-                                .as_ref()
-                                .filter(|(_, at, _)| at.elapsed() < BEHIND_REUSE)
-                            {
-                                // Their version says which commit they
-                                // answer for.
-                                live.behind.fetch_add(1, Relaxed);
-                                return Some(t.clone());
-                            }
-                            version = whole;
+            // A commit the engine has not taken yet: it soon will. Rows of
+            // another writer's commit never reach it, so the wait is bounded.
+            if !live.shared.wait_to_cover(version, rows, LIVE_WAIT) {
+                // Catching up, ingest commits faster than the engine
+                // takes commits: the newest one it holds whole answers.
+                match live.shared.newest_whole(version) {
+                    Some(whole) => {
+                        let derived = live.derived.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some((_, _, t)) = derived
+                            .as_ref()
+                            .filter(|(_, at, _)| at.elapsed() < BEHIND_REUSE)
+                        {
+                            // Their version says which commit they
+                            // answer for.
+                            live.behind.fetch_add(1, Relaxed);
+                            return Some(t.clone());
                         }
-                        None => {
-                            live.passed.fetch_add(1, Relaxed);
-                            return None;
-                        }
+                        version = whole;
+                    }
+                    None => {
+                        live.passed.fetch_add(1, Relaxed);
+                        return None;
                     }
                 }
             }
